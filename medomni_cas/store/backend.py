@@ -1,0 +1,110 @@
+"""The backend interface: byte-level storage of objects and refs.
+
+A backend stores canonical bytes under their 32-byte id and keeps refs. It knows nothing of
+kinds, links or verification; `medomni_cas.store.Store` builds all of that on top. Nine
+abstract methods; the batch methods have correct defaults that backends override for speed.
+
+Contract for implementers:
+
+* ``put_many`` is put-if-absent and idempotent: there is no way to overwrite an id. It may
+  refresh the write time of an object that is already present (gc's grace period counts from
+  it), and must leave no partially written object behind if the process dies.
+* ``ref_update`` is the one atomic step: compare the current value of a ref with ``old``
+  (``None`` = absent), set it to ``new`` (``None`` = delete) and append ``entry`` to its
+  history, all or nothing. Losing a race returns False; it never raises for that.
+* Backends that cannot make ``ref_update`` atomic against other processes set
+  ``supports_atomic_refs = False``; the store then refuses multi-writer ref updates.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from typing import ClassVar
+
+__all__ = ["Backend"]
+
+
+class Backend(ABC):
+    """Byte-level object and ref storage. Keys are raw 32-byte ids."""
+
+    #: Objects can be deleted (gc).
+    supports_deletes: ClassVar[bool] = True
+    #: ``ref_update`` is atomic against other writers (processes, machines).
+    supports_atomic_refs: ClassVar[bool] = True
+
+    url: str = ""
+
+    # -- objects ---------------------------------------------------------------------------
+    @abstractmethod
+    def get(self, key: bytes) -> bytes:
+        """The bytes stored under ``key``; `KeyError` when absent."""
+
+    @abstractmethod
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Store each ``(key, data)`` not yet present; return how many were new."""
+
+    @abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` is stored."""
+
+    @abstractmethod
+    def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
+        """Every stored key whose hex form starts with ``hex_prefix``."""
+
+    @abstractmethod
+    def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
+        """Every stored key with the time (epoch seconds) it was last written."""
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        """Delete the keys that exist (gc only); return how many were deleted."""
+
+    # -- refs ------------------------------------------------------------------------------
+    @abstractmethod
+    def ref_get(self, name: str) -> bytes | None:
+        """The id a ref points to, or None."""
+
+    @abstractmethod
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+        """Atomically: if the ref equals ``old``, set it to ``new`` and log ``entry``."""
+
+    @abstractmethod
+    def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        """Every ``(name, id)`` whose name starts with ``prefix``, sorted by name."""
+
+    @abstractmethod
+    def ref_log(self, name: str) -> list[bytes]:
+        """The history entries of a ref, oldest first (kept after the ref is deleted)."""
+
+    def ref_log_names(self) -> Iterator[str]:
+        """Every name that has a history, including deleted refs."""
+        return (name for name, _ in self.ref_iter())
+
+    # -- batch defaults (override for speed) ------------------------------------------------
+    def put(self, key: bytes, data: bytes) -> bool:
+        return self.put_many([(key, data)]) == 1
+
+    def get_many(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
+        """``(key, bytes or None)`` for each key, in order."""
+        for key in keys:
+            try:
+                yield key, self.get(key)
+            except KeyError:
+                yield key, None
+
+    def missing(self, keys: Iterable[bytes]) -> list[bytes]:
+        """The keys that are not stored, in order."""
+        return [k for k in keys if not self.contains(k)]
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
+        """Release handles; the backend is unusable afterwards."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -1,0 +1,315 @@
+"""The embedded default backend: one LMDB environment, with large objects in files beside it.
+
+Layout of ``PATH/``: ``data.mdb`` and ``lock.mdb`` (LMDB), and ``large/ab/cdef…`` for objects
+of at least ``LARGE_OBJECT`` bytes. LMDB keeps every dirty page of a write transaction in
+memory, so a 1 GiB blob written through it would need 1 GiB of RAM; chunk files written with
+temp-file-then-rename and fsync keep memory bounded and stream at the disk's own rate (see
+benchmarks_perf/RESULTS.md). The LMDB entry of a large object is a marker, written only after
+its file is durable, so a crash leaves at most an orphan file that gc removes.
+
+Every object value starts with a 9-byte header: a flag (0 inline, 1 in a file) and the
+write time in ms, little-endian. Several processes may open one environment at once: LMDB
+serialises writers with its lock file; the map grows by doubling when full, and a process
+that finds the map grown by another adopts the new size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import lmdb
+
+from medomni_cas.store.backend import Backend
+
+__all__ = ["LARGE_OBJECT", "LMDBBackend"]
+
+LARGE_OBJECT = 256 * 1024
+_HDR = struct.Struct("<BQ")
+_INLINE, _FILE = 0, 1
+# An object put again refreshes its write time only when that time is older than this, so
+# that a rebuild writes (almost) nothing yet gc's grace period still protects it.
+FRESHEN_AFTER_MS = 3600 * 1000
+_INITIAL_MAP = 1 << 30
+T = TypeVar("T")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class LMDBBackend(Backend):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durable: bool = True,
+        map_size: int = _INITIAL_MAP,
+        url: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.url = url or f"lmdb://{self.path}"
+        self.durable = durable
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._large = self.path / "large"
+        existing = self.path / "data.mdb"
+        if existing.exists():
+            map_size = max(map_size, existing.stat().st_size * 2)
+        self.env = lmdb.open(
+            str(self.path),
+            map_size=map_size,
+            max_dbs=8,
+            sync=durable,
+            metasync=durable,
+            readahead=False,
+            max_readers=512,
+        )
+        self._objects = self.env.open_db(b"objects")
+        self._refs = self.env.open_db(b"refs")
+        self._reflog = self.env.open_db(b"reflog")
+
+    @classmethod
+    def from_url(cls, url: str) -> LMDBBackend:
+        path = url.removeprefix("lmdb://")
+        if not path:
+            raise ValueError("lmdb:// URL needs a path, e.g. lmdb://./.medomni/store")
+        return cls(path, url=url)
+
+    # -- transactions that survive a full or grown map ---------------------------------------
+    def _write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        for _ in range(64):
+            try:
+                with self.env.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)  # adopt the size another process grew the map to
+        raise RuntimeError(f"{self.url}: LMDB map could not be grown")
+
+    def _read(self) -> lmdb.Transaction:
+        try:
+            return self.env.begin(buffers=True)
+        except lmdb.MapResizedError:
+            self.env.set_mapsize(0)
+            return self.env.begin(buffers=True)
+
+    def _file(self, key: bytes) -> Path:
+        h = key.hex()
+        return self._large / h[:2] / h[2:]
+
+    def _write_file(self, key: bytes, data: bytes) -> None:
+        target = self._file(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if self.durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    # -- objects -------------------------------------------------------------------------------
+    # docstring inherited
+    def get(self, key: bytes) -> bytes:
+        with self._read() as txn:
+            value = txn.get(key, db=self._objects)
+            if value is None:
+                raise KeyError(key)
+            if value[0] == _INLINE:
+                return bytes(value[_HDR.size :])
+        try:
+            return self._file(key).read_bytes()
+        except FileNotFoundError:
+            raise KeyError(key) from None
+
+    def get_many(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
+        keys = list(keys)
+        out: list[tuple[bytes, bytes | None]] = []
+        large: list[int] = []
+        with self._read() as txn:
+            get = txn.get
+            db = self._objects
+            for key in keys:
+                value = get(key, db=db)
+                if value is None:
+                    out.append((key, None))
+                elif value[0] == _INLINE:
+                    out.append((key, bytes(value[_HDR.size :])))
+                else:
+                    large.append(len(out))
+                    out.append((key, None))
+        for i in large:
+            key = out[i][0]
+            with contextlib.suppress(FileNotFoundError):
+                out[i] = (key, self._file(key).read_bytes())
+        return iter(out)
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        items = list(items)
+        if not items:
+            return 0
+        now = _now_ms()
+        inline = _HDR.pack(_INLINE, now)
+        large = [(k, d) for k, d in items if len(d) >= LARGE_OBJECT]
+        if large:
+            absent = set(self.missing(k for k, _ in large))
+            for key, data in large:
+                if key in absent:
+                    self._write_file(key, data)
+        marker = _HDR.pack(_FILE, now)
+        pairs = [(k, marker if len(d) >= LARGE_OBJECT else inline + d) for k, d in items]
+
+        def put(txn: lmdb.Transaction) -> int:
+            cur = txn.cursor(self._objects)
+            consumed, added = cur.putmulti(pairs, dupdata=False, overwrite=False)
+            if added < consumed:
+                self._freshen(cur, pairs, now)
+            return added
+
+        return self._write(put)
+
+    def _freshen(self, cur: lmdb.Cursor, pairs: list[tuple[bytes, bytes]], now: int) -> None:
+        for key, _ in pairs:
+            value = cur.get(key)
+            if value is None:
+                continue
+            flag, stamp = _HDR.unpack_from(value)
+            if now - stamp > FRESHEN_AFTER_MS:
+                cur.put(key, _HDR.pack(flag, now) + value[_HDR.size :])
+
+    def contains(self, key: bytes) -> bool:
+        with self._read() as txn:
+            return txn.get(key, db=self._objects) is not None
+
+    def missing(self, keys: Iterable[bytes]) -> list[bytes]:
+        with self._read() as txn:
+            get = txn.get
+            db = self._objects
+            return [k for k in keys if get(k, db=db) is None]
+
+    # Listings are materialised so that no read transaction stays open while the caller
+    # writes (gc deletes while it walks).
+    def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
+        start = bytes.fromhex(hex_prefix[: len(hex_prefix) // 2 * 2])
+        out = []
+        with self._read() as txn:
+            cur = txn.cursor(self._objects)
+            if cur.set_range(start):
+                for key in cur.iternext(keys=True, values=False):
+                    key = bytes(key)
+                    if not key.startswith(start):
+                        break
+                    if key.hex().startswith(hex_prefix):
+                        out.append(key)
+        return iter(out)
+
+    def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
+        with self._read() as txn:
+            out = [
+                (bytes(key), _HDR.unpack_from(value)[1] / 1000.0)
+                for key, value in txn.cursor(self._objects)
+            ]
+        return iter(out)
+
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        keys = list(keys)
+
+        def delete(txn: lmdb.Transaction) -> list[bytes]:
+            gone = []
+            for key in keys:
+                value = txn.get(key, db=self._objects)
+                if value is not None and txn.delete(key, db=self._objects):
+                    gone.append((key, value[0]))
+            return gone
+
+        gone = self._write(delete)
+        for key, flag in gone:
+            if flag == _FILE:
+                self._file(key).unlink(missing_ok=True)
+        return len(gone)
+
+    # -- refs ----------------------------------------------------------------------------------
+    def ref_get(self, name: str) -> bytes | None:
+        with self._read() as txn:
+            value = txn.get(name.encode(), db=self._refs)
+            return None if value is None else bytes(value)
+
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+        key = name.encode()
+
+        def update(txn: lmdb.Transaction) -> bool:
+            current = txn.get(key, db=self._refs)
+            if (None if current is None else bytes(current)) != old:
+                return False
+            if new is None:
+                txn.delete(key, db=self._refs)
+            else:
+                txn.put(key, bytes(new), db=self._refs)
+            seq = self._last_seq(txn.cursor(self._reflog), key) + 1
+            txn.put(key + b"\x00" + seq.to_bytes(8, "big"), entry, db=self._reflog)
+            return True
+
+        return self._write(update)
+
+    @staticmethod
+    def _last_seq(cur: lmdb.Cursor, key: bytes) -> int:
+        head = key + b"\x00"
+        if cur.set_range(key + b"\x01"):
+            if not cur.prev():
+                return 0
+        elif not cur.last():
+            return 0
+        k = bytes(cur.key())
+        if k.startswith(head) and len(k) == len(head) + 8:
+            return int.from_bytes(k[len(head) :], "big")
+        return 0
+
+    def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        start = prefix.encode()
+        with self._read() as txn:
+            cur = txn.cursor(self._refs)
+            out = []
+            if cur.set_range(start):
+                for key, value in cur:
+                    key = bytes(key)
+                    if not key.startswith(start):
+                        break
+                    out.append((key.decode(), bytes(value)))
+        return iter(out)
+
+    def ref_log(self, name: str) -> list[bytes]:
+        head = name.encode() + b"\x00"
+        out = []
+        with self._read() as txn:
+            cur = txn.cursor(self._reflog)
+            if cur.set_range(head):
+                for key, value in cur:
+                    key = bytes(key)
+                    if not key.startswith(head):
+                        break
+                    if len(key) == len(head) + 8:
+                        out.append(bytes(value))
+        return out
+
+    def ref_log_names(self) -> Iterator[str]:
+        names: list[str] = []
+        with self._read() as txn:
+            for key in txn.cursor(self._reflog).iternext(keys=True, values=False):
+                name = bytes(key)[:-9].decode()
+                if not names or names[-1] != name:
+                    names.append(name)
+        return iter(names)
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,84 @@
+"""An in-process backend: dicts under a lock. For tests and scratch work."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+from medomni_cas.store.backend import Backend
+
+__all__ = ["MemoryBackend"]
+
+
+class MemoryBackend(Backend):
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._objects: dict[bytes, tuple[float, bytes]] = {}
+        self._refs: dict[str, bytes] = {}
+        self._logs: dict[str, list[bytes]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryBackend:
+        return cls(url)
+
+    # docstring inherited
+    def get(self, key: bytes) -> bytes:
+        return self._objects[key][1]
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        now = time.time()
+        new = 0
+        with self._lock:
+            for key, data in items:
+                if key not in self._objects:
+                    new += 1
+                # refresh the stamp either way: gc's grace period counts from the last put
+                self._objects[bytes(key)] = (now, bytes(data))
+        return new
+
+    def contains(self, key: bytes) -> bool:
+        return key in self._objects
+
+    def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
+        for key in list(self._objects):
+            if key.hex().startswith(hex_prefix):
+                yield key
+
+    def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
+        for key, (stamp, _) in list(self._objects.items()):
+            yield key, stamp
+
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        n = 0
+        with self._lock:
+            for key in keys:
+                if self._objects.pop(key, None) is not None:
+                    n += 1
+        return n
+
+    def ref_get(self, name: str) -> bytes | None:
+        return self._refs.get(name)
+
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+        with self._lock:
+            if self._refs.get(name) != old:
+                return False
+            if new is None:
+                self._refs.pop(name, None)
+            else:
+                self._refs[name] = bytes(new)
+            self._logs.setdefault(name, []).append(entry)
+            return True
+
+    def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        for name in sorted(self._refs):
+            if name.startswith(prefix):
+                yield name, self._refs[name]
+
+    def ref_log(self, name: str) -> list[bytes]:
+        return list(self._logs.get(name, ()))
+
+    def ref_log_names(self) -> Iterator[str]:
+        return iter(sorted(self._logs))

@@ -1,0 +1,286 @@
+"""Canonical bytes: the one encoding every object is hashed in.
+
+An object's canonical bytes are a msgpack array ``[kind, version, body]``:
+
+* ``kind`` (str) and ``version`` (int) sit inside the hashed bytes, so bytes of one kind can
+  never be read as another (a blob is never a record);
+* ``body`` is the payload: raw bytes for a blob, a map for a tree, a msgspec Struct encoded with
+  its fields in sorted order and defaults omitted for a record (so a field added later with a
+  default leaves every old id unchanged);
+* links to other objects are msgpack extension type ``LINK_EXT`` holding the 32-byte id, so
+  closure, gc, sync and verify find them without knowing any schema.
+
+Values with more than one encoding for "the same" value are refused: NaN, infinities and
+negative zero, and map keys that are not strings. Golden vectors in the tests pin these
+rules; changing anything here changes ids, which must never happen after a release.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import msgspec
+
+from medomni_cas.errors import InvalidObject
+from medomni_cas.store.ids import ID_SIZE, ObjectId
+
+__all__ = [
+    "BLOB",
+    "LINK_EXT",
+    "TREE",
+    "Record",
+    "decode",
+    "decode_body",
+    "encode",
+    "encode_blob_header",
+    "encode_object",
+    "kind_of",
+    "links",
+    "record_class",
+    "validate_canonical",
+]
+
+LINK_EXT = 1
+BLOB = "blob"
+TREE = "tree"
+_KIND_RE = re.compile(r"[a-z][a-z0-9]*(?:[-.][a-z0-9]+)*\Z")
+
+
+def _enc_hook(obj: Any) -> Any:
+    if type(obj) is ObjectId:
+        return msgspec.msgpack.Ext(LINK_EXT, bytes(obj))
+    raise TypeError(f"values of type {type(obj).__name__} have no canonical encoding")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == LINK_EXT and len(data) == ID_SIZE:
+        return ObjectId(bytes(data))
+    raise InvalidObject(f"unknown msgpack extension type {code} (length {len(data)})")
+
+
+def _dec_hook(typ: type, obj: Any) -> Any:
+    if typ is ObjectId and type(obj) is ObjectId:
+        return obj
+    raise NotImplementedError
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook, order="sorted")
+_GENERIC = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_ENVELOPE = msgspec.msgpack.Decoder(tuple[str, int, msgspec.Raw])
+
+# A float64 whose exponent bits are all ones (NaN, +-inf), or negative zero. A match may be
+# a false positive inside a string or blob; only then do we pay for a full decode.
+_SUSPECT_FLOAT = re.compile(rb"\xcb(?:[\x7f\xff][\xf0-\xff]|\x80\x00{7})")
+_LINK_MARK = bytes([0xC7, ID_SIZE, LINK_EXT])
+_BLOB_PREFIX = b"\x93\xa4blob\x01"  # fixarray(3), fixstr "blob", positive fixint 1
+
+# kind -> version -> class, and the kinds that are not records (raw body types)
+_REGISTRY: dict[str, dict[int, type[Record]]] = {}
+_RAW_KINDS = {BLOB: 1, TREE: 1}
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Base of every typed object. Subclasses set ``__kind__`` (and ``__version__`` when a
+    kind's schema ever changes incompatibly) and are registered by kind.
+
+    frozen: objects are immutable once made; kw_only: fields are named at every call site;
+    omit_defaults: an optional field added later does not change any existing id.
+    Subclasses must also pass ``kw_only=True`` (msgspec applies it per class).
+    """
+
+    __kind__: ClassVar[str]
+    __version__: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("__kind__")
+        if kind is None:  # an abstract intermediate base
+            return
+        if not _KIND_RE.match(kind) or kind in _RAW_KINDS:
+            raise ValueError(f"bad or reserved record kind {kind!r}")
+        versions = _REGISTRY.setdefault(kind, {})
+        if (
+            cls.__version__ in versions
+            and versions[cls.__version__].__qualname__ != cls.__qualname__
+        ):
+            raise ValueError(f"record kind {kind!r} v{cls.__version__} is already registered")
+        versions[cls.__version__] = cls
+
+
+def record_class(kind: str, version: int) -> type[Record] | None:
+    return _REGISTRY.get(kind, {}).get(version)
+
+
+def _find_bad_float(value: Any, path: str) -> str | None:
+    if type(value) is float:
+        if not math.isfinite(value) or (value == 0.0 and math.copysign(1.0, value) < 0):
+            return f"{path}: {value!r}"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if (bad := _find_bad_float(v, f"{path}.{k}")) is not None:
+                return bad
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if (bad := _find_bad_float(v, f"{path}[{i}]")) is not None:
+                return bad
+    return None
+
+
+def _check_floats(data: bytes, kind: str) -> None:
+    if _SUSPECT_FLOAT.search(data) is None:
+        return
+    body = _GENERIC.decode(data)[2]
+    bad = _find_bad_float(body, kind)
+    if bad is not None:
+        raise InvalidObject(f"non-canonical float at {bad} (NaN, infinity and -0.0 are refused)")
+
+
+def encode_object(kind: str, version: int, body: Any) -> bytes:
+    """Canonical bytes of ``[kind, version, body]``; the low-level form of `encode`."""
+    try:
+        data = _ENCODER.encode((kind, version, body))
+    except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as e:
+        raise InvalidObject(f"cannot encode {kind} object: {e}") from None
+    _check_floats(data, kind)
+    return data
+
+
+def encode(record: Record) -> bytes:
+    """Canonical bytes of a registered record."""
+    cls = type(record)
+    kind = cls.__dict__.get("__kind__")
+    if kind is None or not isinstance(record, Record):
+        raise InvalidObject(f"{cls.__name__} is not a registered record kind")
+    return encode_object(kind, cls.__version__, record)
+
+
+def encode_blob_header(size: int) -> bytes:
+    """The bytes that precede a blob's data in its canonical form (msgpack bin header)."""
+    if size < 0x100:
+        return _BLOB_PREFIX + b"\xc4" + size.to_bytes(1, "big")
+    if size < 0x10000:
+        return _BLOB_PREFIX + b"\xc5" + size.to_bytes(2, "big")
+    if size < 0x100000000:
+        return _BLOB_PREFIX + b"\xc6" + size.to_bytes(4, "big")
+    raise InvalidObject(f"a single blob object holds at most 4 GiB, got {size} bytes")
+
+
+def blob_data(data: bytes | memoryview) -> memoryview:
+    """The payload of a blob object's canonical bytes (no copy)."""
+    mv = memoryview(data)
+    n = len(_BLOB_PREFIX)
+    if bytes(mv[:n]) != _BLOB_PREFIX:
+        raise InvalidObject("not a blob object")
+    marker = mv[n]
+    width = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(marker)
+    if width is None:
+        raise InvalidObject("blob object has a malformed header")
+    size = int.from_bytes(mv[n + 1 : n + 1 + width], "big")
+    start = n + 1 + width
+    if len(mv) - start != size:
+        raise InvalidObject(f"blob object is truncated: {len(mv) - start} of {size} bytes")
+    return mv[start:]
+
+
+def kind_of(data: bytes | memoryview) -> tuple[str, int]:
+    """The kind and version of canonical bytes, without decoding the body."""
+    if bytes(memoryview(data)[: len(_BLOB_PREFIX)]) == _BLOB_PREFIX:
+        return BLOB, 1
+    try:
+        kind, version, _ = _ENVELOPE.decode(data)
+    except (msgspec.DecodeError, InvalidObject) as e:
+        raise InvalidObject(f"not a medomni object: {e}") from None
+    return kind, version
+
+
+def decode(data: bytes | memoryview) -> tuple[str, int, Any]:
+    """Decode any object: registered records become their Struct, links become `ObjectId`."""
+    kind, version = kind_of(data)
+    if kind == BLOB:
+        return kind, version, bytes(blob_data(data))
+    cls = record_class(kind, version)
+    if cls is not None:
+        return kind, version, decode_body(data, cls)
+    try:
+        return kind, version, _GENERIC.decode(data)[2]
+    except msgspec.DecodeError as e:
+        raise InvalidObject(f"malformed {kind} object: {e}") from None
+
+
+_TYPED: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def decode_body[T](data: bytes | memoryview, cls: type[T]) -> T:
+    """Decode canonical bytes as a record of ``cls``, checking its kind and version."""
+    dec = _TYPED.get(cls)
+    if dec is None:
+        dec = _TYPED[cls] = msgspec.msgpack.Decoder(
+            tuple[str, int, cls], ext_hook=_ext_hook, dec_hook=_dec_hook
+        )
+    kind, version = kind_of(data)
+    want = (cls.__dict__.get("__kind__"), getattr(cls, "__version__", 1))
+    if (kind, version) != want:
+        raise InvalidObject(f"object is a {kind} v{version}, not a {want[0]} v{want[1]}")
+    try:
+        return dec.decode(data)[2]
+    except msgspec.ValidationError as e:
+        raise InvalidObject(f"malformed {kind} object: {e}") from None
+    except msgspec.DecodeError as e:
+        raise InvalidObject(f"malformed {kind} object: {e}") from None
+
+
+def _collect(value: Any, out: dict[ObjectId, None]) -> None:
+    if type(value) is ObjectId:
+        out[value] = None
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _collect(v, out)
+
+
+def links(data: bytes | memoryview) -> list[ObjectId]:
+    """The ids an object links to, in order of first appearance, without its schema."""
+    if _LINK_MARK not in data:  # blobs and leaf records: no decode at all
+        return []
+    if bytes(memoryview(data)[: len(_BLOB_PREFIX)]) == _BLOB_PREFIX:
+        return []
+    out: dict[ObjectId, None] = {}
+    try:
+        _collect(_GENERIC.decode(data)[2], out)
+    except msgspec.DecodeError as e:
+        raise InvalidObject(f"malformed object: {e}") from None
+    return list(out)
+
+
+def iter_links(values: Any) -> Iterator[ObjectId]:
+    out: dict[ObjectId, None] = {}
+    _collect(values, out)
+    return iter(out)
+
+
+def validate_canonical(data: bytes | memoryview) -> tuple[str, int]:
+    """Check that bytes from outside (a bundle, a remote) are canonical; return kind, version.
+
+    The id of any bytes is their hash, so this is not about integrity: it refuses bytes that
+    no encoder of ours would write, which would otherwise give a second id to one value.
+    """
+    kind, version = kind_of(data)
+    if kind == BLOB:
+        blob_data(data)
+        return kind, version
+    if not _KIND_RE.match(kind) or version < 0:
+        raise InvalidObject(f"bad kind or version in object header: {kind!r} v{version}")
+    try:
+        value = _GENERIC.decode(data)
+        again = _ENCODER.encode(value)
+    except (msgspec.DecodeError, TypeError, ValueError) as e:
+        raise InvalidObject(f"malformed {kind} object: {e}") from None
+    if again != bytes(data):
+        raise InvalidObject(f"{kind} object is not in canonical form")
+    _check_floats(again, kind)
+    return kind, version

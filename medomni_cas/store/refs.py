@@ -1,0 +1,207 @@
+"""Refs: validated hierarchical names that point at object ids, with an append-only history.
+
+The backend supplies one atomic step (`Backend.ref_update`); everything here is built on it.
+``set_if_equals`` / ``add_if_new`` / ``remove_if_equals`` return False when they lose a race,
+as in Dulwich; ``set`` and ``delete`` raise `ConflictError` naming the current value, and
+``update`` retries a read-modify-write for appends such as run indexes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from medomni_cas.errors import ConflictError, InvalidName, NotFound, UnsupportedOperation
+from medomni_cas.store.ids import ObjectId, parse_id
+
+if TYPE_CHECKING:
+    from medomni_cas.store.store import Store
+
+__all__ = ["RefLogEntry", "Refs", "check_ref_name"]
+
+_COMPONENT = re.compile(r"[A-Za-z0-9_@+=-][A-Za-z0-9._@+=-]*\Z")
+MAX_REF_NAME = 1024
+
+
+def check_ref_name(name: object) -> str:
+    """Return ``name`` if it is a valid ref name, else raise `InvalidName` saying why.
+
+    Names are ``/``-separated components of letters, digits and ``._@+=-``; no empty
+    component, none starting with ``.``, none ending in ``.lock``, no ``..``.
+    """
+    if not isinstance(name, str):
+        raise InvalidName(f"a ref name must be a string, got {type(name).__name__}")
+    if not name or len(name) > MAX_REF_NAME:
+        raise InvalidName(f"ref name must be 1 to {MAX_REF_NAME} characters: {name!r}")
+    for part in name.split("/"):
+        if not part:
+            raise InvalidName(f"ref name has an empty component: {name!r}")
+        if part.endswith(".lock") or not _COMPONENT.match(part) or ".." in part:
+            raise InvalidName(
+                f"bad ref name component {part!r} in {name!r}: use letters, digits and ._@+=- "
+                "(not starting with '.', no '..', not ending in '.lock')"
+            )
+    return name
+
+
+class RefLogEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One update of a ref: what it was, what it became, when and why."""
+
+    old: bytes | None = None
+    new: bytes | None = None
+    time: float
+    message: str = ""
+
+    @property
+    def old_id(self) -> ObjectId | None:
+        return None if self.old is None else ObjectId(self.old)
+
+    @property
+    def new_id(self) -> ObjectId | None:
+        return None if self.new is None else ObjectId(self.new)
+
+
+_LOG_ENC = msgspec.msgpack.Encoder(order="sorted")
+_LOG_DEC = msgspec.msgpack.Decoder(RefLogEntry)
+
+
+def _raw(value: ObjectId | str | bytes | None) -> bytes | None:
+    return None if value is None else bytes(parse_id(value))
+
+
+class Refs:
+    """The refs of one store. Values are `ObjectId`; every update is logged."""
+
+    def __init__(self, store: Store, *, single_writer: bool = False) -> None:
+        self._store = store
+        self._backend = store.backend
+        self._single_writer = single_writer
+
+    def _check_writable(self) -> None:
+        if not self._backend.supports_atomic_refs and not self._single_writer:
+            raise UnsupportedOperation(
+                f"{self._backend.url}: this filesystem offers no conditional writes, so ref "
+                "updates from several writers could be lost; open the store with "
+                "single_writer=True (CLI: --single-writer) if you hold the only writer"
+            )
+
+    # -- reading -------------------------------------------------------------------------------
+    def get(self, name: str, default: ObjectId | None = None) -> ObjectId | None:
+        raw = self._backend.ref_get(check_ref_name(name))
+        return default if raw is None else ObjectId(raw)
+
+    def __getitem__(self, name: str) -> ObjectId:
+        value = self.get(name)
+        if value is None:
+            raise NotFound("ref", name)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._backend.ref_get(check_ref_name(name)) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._backend.ref_iter(""))
+
+    def items(self, prefix: str = "") -> Iterator[tuple[str, ObjectId]]:
+        for name, raw in self._backend.ref_iter(prefix):
+            yield name, ObjectId(raw)
+
+    def as_dict(self, prefix: str = "") -> dict[str, ObjectId]:
+        return dict(self.items(prefix))
+
+    def history(self, name: str) -> list[RefLogEntry]:
+        """Every update of ``name``, oldest first (kept after the ref is deleted)."""
+        return [_LOG_DEC.decode(e) for e in self._backend.ref_log(check_ref_name(name))]
+
+    def logged_names(self) -> list[str]:
+        return list(self._backend.ref_log_names())
+
+    # -- atomic updates: False on a lost race ---------------------------------------------------
+    def set_if_equals(
+        self, name: str, old: ObjectId | str | None, new: ObjectId | str | None, message: str = ""
+    ) -> bool:
+        """Point ``name`` at ``new`` if it points at ``old`` now (None: absent / delete)."""
+        check_ref_name(name)
+        self._check_writable()
+        old_raw, new_raw = _raw(old), _raw(new)
+        if new_raw is not None and not self._backend.contains(new_raw):
+            raise NotFound("object", new_raw.hex())
+        entry = _LOG_ENC.encode(
+            RefLogEntry(old=old_raw, new=new_raw, time=time.time(), message=message)
+        )
+        return self._backend.ref_update(name, old_raw, new_raw, entry)
+
+    def add_if_new(self, name: str, new: ObjectId | str, message: str = "") -> bool:
+        """Create ``name`` only if it does not exist."""
+        return self.set_if_equals(name, None, new, message)
+
+    def remove_if_equals(self, name: str, old: ObjectId | str, message: str = "") -> bool:
+        return self.set_if_equals(name, old, None, message)
+
+    # -- raising forms -------------------------------------------------------------------------
+    def set(
+        self,
+        name: str,
+        new: ObjectId | str,
+        *,
+        expected: ObjectId | str | None = ...,  # type: ignore[assignment]
+        message: str = "",
+    ) -> None:
+        """Set ``name``. With ``expected`` (None: must not exist), a lost race raises
+        `ConflictError`; without it, the current value is read and replaced."""
+        if expected is ...:
+            expected = self.get(name)
+        if not self.set_if_equals(name, expected, new, message):
+            current = self.get(name)
+            raise ConflictError(
+                name,
+                None if expected is None else str(parse_id(expected)),
+                None if current is None else str(current),
+            )
+
+    def delete(
+        self,
+        name: str,
+        *,
+        expected: ObjectId | str | None = ...,  # type: ignore[assignment]
+        message: str = "",
+    ) -> None:
+        if expected is ...:
+            expected = self[name]
+        if expected is None:
+            raise NotFound("ref", name)
+        if not self.set_if_equals(name, expected, None, message):
+            current = self.get(name)
+            if current is None:
+                raise NotFound("ref", name)
+            raise ConflictError(name, str(parse_id(expected)), str(current))
+
+    def update(
+        self,
+        name: str,
+        fn: Callable[[ObjectId | None], ObjectId | None],
+        message: str = "",
+        *,
+        attempts: int = 100,
+    ) -> ObjectId | None:
+        """Read-modify-write with retries: ``fn(current) -> new``; for appends under contention.
+
+        ``fn`` may be called several times and must be a pure function of ``current``.
+        Returns the value written; raises `ConflictError` after ``attempts`` lost races.
+        """
+        delay = 0.001
+        current = self.get(name)
+        for _ in range(attempts):
+            new = fn(current)
+            if new == current:
+                return current
+            if self.set_if_equals(name, current, new, message):
+                return new
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+            current = self.get(name)
+        raise ConflictError(name, None, None if current is None else str(current))

@@ -1,0 +1,313 @@
+"""`Store`: objects, links and refs on top of any `Backend`.
+
+Every read is verified: the bytes are re-hashed and must match the id they were asked for.
+Writes are put-if-absent; there is no way to overwrite an id.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, BinaryIO, TypeVar, overload
+
+import blake3
+
+from medomni_cas.errors import IntegrityError, InvalidId, InvalidObject, NotFound
+from medomni_cas.store import encoding
+from medomni_cas.store.backend import Backend
+from medomni_cas.store.blobs import BlobReader, put_blob
+from medomni_cas.store.encoding import BLOB, TREE, Record
+from medomni_cas.store.ids import ID_SIZE, ObjectId, check_prefix, hash_bytes, parse_id
+from medomni_cas.store.objects import Tree, UnknownObject
+from medomni_cas.store.refs import Refs, check_ref_name
+
+__all__ = ["Progress", "Store"]
+
+R = TypeVar("R", bound=Record)
+Progress = Callable[[int], None]
+_BATCH = 1024
+
+
+def _as_id(value: ObjectId | str | bytes) -> ObjectId:
+    return parse_id(value)
+
+
+class Store:
+    """A content-addressed object store with refs.
+
+    Open one with `medomni_cas.open`. Objects go in with `put` (records), `put_blob`,
+    `put_tree` or `put_raw` (canonical bytes from elsewhere), and come out verified.
+    """
+
+    def __init__(self, backend: Backend, *, single_writer: bool = False) -> None:
+        self.backend = backend
+        self.refs = Refs(self, single_writer=single_writer)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    # -- writing -------------------------------------------------------------------------------
+    def put(self, record: Record) -> ObjectId:
+        """Store a record; return its id."""
+        data = encoding.encode(record)
+        oid = ObjectId(blake3.blake3(data).digest())
+        self.backend.put_many(((oid, data),))
+        return oid
+
+    def put_many(
+        self, records: Iterable[Record], *, progress: Progress | None = None
+    ) -> list[ObjectId]:
+        """Store records in batches; return their ids in order."""
+        out: list[ObjectId] = []
+        batch: list[tuple[ObjectId, bytes]] = []
+        enc = encoding.encode
+        for record in records:
+            data = enc(record)
+            batch.append((ObjectId(blake3.blake3(data).digest()), data))
+            if len(batch) >= _BATCH:
+                self.backend.put_many(batch)
+                out.extend(k for k, _ in batch)
+                batch = []
+                if progress:
+                    progress(len(out))
+        if batch:
+            self.backend.put_many(batch)
+            out.extend(k for k, _ in batch)
+            if progress:
+                progress(len(out))
+        return out
+
+    def put_object(self, kind: str, version: int, body: Any) -> ObjectId:
+        """Store an object of any kind from its parts (no registered class needed)."""
+        if kind == BLOB:
+            raise InvalidObject("use put_blob for blobs")
+        data = encoding.encode_object(kind, version, body)
+        oid = hash_bytes(data)
+        self.backend.put_many(((oid, data),))
+        return oid
+
+    def put_raw(self, data: bytes, *, expected: ObjectId | None = None) -> ObjectId:
+        """Store canonical bytes made elsewhere (a bundle, a remote), after checking them."""
+        return self.put_raw_many([(expected, data)])[0]
+
+    def put_raw_many(self, items: Iterable[tuple[ObjectId | None, bytes]]) -> list[ObjectId]:
+        """Check and store ``(expected id or None, canonical bytes)`` pairs, all or nothing.
+
+        Every item is validated before any is written: a bad one raises `IntegrityError`
+        (wrong id) or `InvalidObject` (not canonical) and nothing from the call is stored.
+        """
+        checked: list[tuple[ObjectId, bytes]] = []
+        for expected, data in items:
+            oid = hash_bytes(data)
+            if expected is not None and oid != expected:
+                raise IntegrityError(str(ObjectId(expected)), str(oid))
+            try:
+                encoding.validate_canonical(data)
+            except InvalidObject as e:
+                raise InvalidObject(f"object {oid}: {e}") from None
+            checked.append((oid, bytes(data)))
+        for i in range(0, len(checked), _BATCH):
+            self.backend.put_many(checked[i : i + _BATCH])
+        return [oid for oid, _ in checked]
+
+    def put_blob(
+        self, source: bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO
+    ) -> ObjectId:
+        """Store bytes, a file (by path) or a binary stream; large ones are chunked."""
+        return put_blob(self, source)
+
+    def put_tree(self, entries: Mapping[str, ObjectId] | Tree) -> ObjectId:
+        """Store a folder: entry name -> id. Names are validated; every entry must exist."""
+        tree = entries if isinstance(entries, Tree) else Tree(entries)
+        absent = self.backend.missing(list(tree.values()))
+        if absent:
+            names = [n for n, v in tree.items() if v in set(absent)]
+            raise NotFound("object", f"{ObjectId(absent[0])} (tree entry {names[0]!r})")
+        data = encoding.encode_object(TREE, 1, dict(tree.items()))
+        oid = hash_bytes(data)
+        self.backend.put_many(((oid, data),))
+        return oid
+
+    # -- reading -------------------------------------------------------------------------------
+    def get_raw(self, oid: ObjectId | str) -> bytes:
+        """The canonical bytes of an object, verified against its id."""
+        oid = _as_id(oid)
+        try:
+            data = self.backend.get(oid)
+        except KeyError:
+            raise NotFound("object", oid.hex()) from None
+        got = blake3.blake3(data).digest()
+        if got != oid:
+            raise IntegrityError(oid.hex(), got.hex(), self.url)
+        return data
+
+    def get_raw_many(
+        self, oids: Iterable[ObjectId], *, allow_missing: bool = False
+    ) -> Iterator[tuple[ObjectId, bytes | None]]:
+        """``(id, verified bytes)`` for each id, batched; missing ones raise `NotFound`
+        unless ``allow_missing`` (then their bytes are None)."""
+        oids = list(oids)
+        for i in range(0, len(oids), _BATCH):
+            for key, data in self.backend.get_many(oids[i : i + _BATCH]):
+                if data is None:
+                    if not allow_missing:
+                        raise NotFound("object", ObjectId(key).hex())
+                    yield ObjectId(key), None
+                    continue
+                got = blake3.blake3(data).digest()
+                if got != key:
+                    raise IntegrityError(bytes(key).hex(), got.hex(), self.url)
+                yield ObjectId(key), data
+
+    @overload
+    def get(self, oid: ObjectId | str, cls: type[R]) -> R: ...
+    @overload
+    def get(self, oid: ObjectId | str, cls: None = None) -> Any: ...
+
+    def get(self, oid: ObjectId | str, cls: type[Any] | None = None) -> Any:
+        """An object decoded: a record of its registered class, a `Tree`, the bytes of a
+        small blob, or an `UnknownObject`. With ``cls``, the kind must match it."""
+        return self._decode(_as_id(oid), self.get_raw(oid), cls)
+
+    def get_many(
+        self, oids: Iterable[ObjectId], cls: type[Any] | None = None
+    ) -> Iterator[tuple[ObjectId, Any]]:
+        for oid, data in self.get_raw_many(oids):
+            yield oid, self._decode(oid, data, cls)
+
+    def _decode(self, oid: ObjectId, data: bytes, cls: type[Any] | None) -> Any:
+        try:
+            if cls is not None and issubclass(cls, Record):
+                return encoding.decode_body(data, cls)
+            kind, version, body = encoding.decode(data)
+        except InvalidObject as e:
+            raise InvalidObject(f"object {oid}: {e}") from None
+        if kind == TREE:
+            obj: Any = Tree(body)
+        elif isinstance(body, Record) or kind == BLOB:
+            obj = body
+        else:
+            obj = UnknownObject(kind, version, body)
+        if cls is not None and not isinstance(obj, cls):
+            raise InvalidObject(f"object {oid} is a {kind}, not a {cls.__name__}")
+        return obj
+
+    def kind(self, oid: ObjectId | str) -> str:
+        return encoding.kind_of(self.get_raw(oid))[0]
+
+    def open_blob(self, oid: ObjectId | str) -> BlobReader:
+        """A seekable binary file over a blob (chunked or not), with bounded memory."""
+        return BlobReader(self, _as_id(oid))
+
+    def read_blob(self, oid: ObjectId | str) -> bytes:
+        with self.open_blob(oid) as f:
+            return f.readall()
+
+    def has(self, oid: ObjectId | str) -> bool:
+        return self.backend.contains(_as_id(oid))
+
+    def __contains__(self, oid: object) -> bool:
+        try:
+            return self.backend.contains(_as_id(oid))  # type: ignore[arg-type]
+        except InvalidId:
+            return False
+
+    def missing(self, oids: Iterable[ObjectId | str]) -> list[ObjectId]:
+        """The ids that are not stored, in order (one batched check)."""
+        return [ObjectId(k) for k in self.backend.missing([_as_id(o) for o in oids])]
+
+    # -- names -----------------------------------------------------------------------------------
+    def resolve(self, spec: str | ObjectId) -> ObjectId:
+        """An id from a full id, a unique prefix of at least 8 hex characters, or a ref name."""
+        if isinstance(spec, ObjectId):
+            return spec
+        text = spec.strip()
+        if len(text) == 2 * ID_SIZE:
+            try:
+                return ObjectId.from_hex(text)
+            except InvalidId:
+                pass
+        try:
+            prefix = check_prefix(text)
+        except InvalidId:
+            prefix = None
+        if prefix is not None:
+            matches = list(self.backend.iter_keys(prefix))
+            if len(matches) == 1:
+                return ObjectId(matches[0])
+            if len(matches) > 1:
+                from medomni_cas.errors import AmbiguousId
+
+                raise AmbiguousId(prefix, sorted(m.hex() for m in matches))
+        try:
+            check_ref_name(text)
+        except Exception:
+            if prefix is not None:
+                raise NotFound("object", text) from None
+            raise InvalidId(f"not an object id, id prefix or ref name: {spec!r}") from None
+        target = self.refs.get(text)
+        if target is None:
+            raise NotFound("object or ref", text)
+        return target
+
+    # -- graph -----------------------------------------------------------------------------------
+    def walk(
+        self,
+        roots: Iterable[ObjectId | str],
+        *,
+        allow_missing: bool = False,
+        progress: Progress | None = None,
+    ) -> Iterator[tuple[ObjectId, bytes | None]]:
+        """Every object reachable from ``roots`` once, breadth first, verified, in batches.
+
+        A missing object raises `NotFound` naming it, unless ``allow_missing`` (then it is
+        yielded with None). A corrupt one raises `IntegrityError`.
+        """
+        seen: set[bytes] = set()
+        frontier: list[ObjectId] = []
+        for r in roots:
+            oid = _as_id(r)
+            if oid not in seen:
+                seen.add(oid)
+                frontier.append(oid)
+        count = 0
+        while frontier:
+            nxt: list[ObjectId] = []
+            for oid, data in self.get_raw_many(frontier, allow_missing=allow_missing):
+                count += 1
+                yield oid, data
+                if data is None:
+                    continue
+                for link in encoding.links(data):
+                    if link not in seen:
+                        seen.add(link)
+                        nxt.append(link)
+            if progress:
+                progress(count)
+            frontier = nxt
+
+    def closure(
+        self, roots: Iterable[ObjectId | str] | ObjectId | str, *, allow_missing: bool = False
+    ) -> set[ObjectId]:
+        """The ids of every object reachable from ``roots`` (the roots included)."""
+        if isinstance(roots, (str, ObjectId)):
+            roots = [roots]
+        return {
+            oid for oid, data in self.walk(roots, allow_missing=allow_missing) if data is not None
+        }
+
+    def iter_ids(self, prefix: str = "") -> Iterator[ObjectId]:
+        return (ObjectId(k) for k in self.backend.iter_keys(prefix))
