@@ -22,7 +22,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
-__all__ = ["Backend"]
+__all__ = ["FRESHEN_AFTER", "Backend"]
+
+#: An object put again has its write time refreshed only when that time is older than this
+#: (seconds), so that a rebuild writes (almost) nothing while gc's grace period, which counts
+#: from the write time, still protects what a writer is about to link.
+FRESHEN_AFTER = 3600.0
 
 
 class Backend(ABC):
@@ -30,8 +35,9 @@ class Backend(ABC):
 
     #: Objects can be deleted (gc).
     supports_deletes: ClassVar[bool] = True
-    #: ``ref_update`` is atomic against other writers (processes, machines).
-    supports_atomic_refs: ClassVar[bool] = True
+    #: ``ref_update`` is atomic against other writers (processes, machines); a backend may
+    #: set it per instance when it depends on the filesystem it was opened on.
+    supports_atomic_refs: bool = True
 
     url: str = ""
 
@@ -57,8 +63,12 @@ class Backend(ABC):
         """Every stored key with the time (epoch seconds) it was last written."""
 
     @abstractmethod
-    def delete_many(self, keys: Iterable[bytes]) -> int:
-        """Delete the keys that exist (gc only); return how many were deleted."""
+    def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
+        """Delete the keys that exist (gc only); return how many were deleted.
+
+        With ``older_than`` (epoch seconds), a key whose write time is not older is kept:
+        a writer may have put it again (refreshing its time) after gc listed it.
+        """
 
     # -- refs ------------------------------------------------------------------------------
     @abstractmethod
@@ -96,6 +106,10 @@ class Backend(ABC):
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys that are not stored, in order."""
         return [k for k in keys if not self.contains(k)]
+
+    def remove_orphans(self, older_than: float) -> int:
+        """Remove leftovers of killed writers older than ``older_than``; return how many."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release handles; the backend is unusable afterwards."""

@@ -56,6 +56,15 @@ class RefLogEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     time: float
     message: str = ""
 
+    def __repr__(self) -> str:
+        def show(raw: bytes | None) -> str:
+            return "-" if raw is None else raw.hex()[:12]
+
+        return (
+            f"RefLogEntry({show(self.old)} -> {show(self.new)}, "
+            f"time={self.time:.3f}, message={self.message!r})"
+        )
+
     @property
     def old_id(self) -> ObjectId | None:
         return None if self.old is None else ObjectId(self.old)
@@ -81,7 +90,7 @@ class Refs:
         self._backend = store.backend
         self._single_writer = single_writer
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
         if not self._backend.supports_atomic_refs and not self._single_writer:
             raise UnsupportedOperation(
                 f"{self._backend.url}: this filesystem offers no conditional writes, so ref "
@@ -126,7 +135,7 @@ class Refs:
     ) -> bool:
         """Point ``name`` at ``new`` if it points at ``old`` now (None: absent / delete)."""
         check_ref_name(name)
-        self._check_writable()
+        self.check_writable()
         old_raw, new_raw = _raw(old), _raw(new)
         if new_raw is not None and not self._backend.contains(new_raw):
             raise NotFound("object", new_raw.hex())

@@ -12,12 +12,19 @@ from typing import Any, BinaryIO, TypeVar, overload
 
 import blake3
 
-from medomni_cas.errors import IntegrityError, InvalidId, InvalidObject, NotFound
+from medomni_cas.errors import (
+    AmbiguousId,
+    IntegrityError,
+    InvalidId,
+    InvalidName,
+    InvalidObject,
+    NotFound,
+)
 from medomni_cas.store import encoding
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.blobs import BlobReader, put_blob
 from medomni_cas.store.encoding import BLOB, TREE, Record
-from medomni_cas.store.ids import ID_SIZE, ObjectId, check_prefix, hash_bytes, parse_id
+from medomni_cas.store.ids import MIN_PREFIX, ObjectId, check_prefix, hash_bytes, parse_id
 from medomni_cas.store.objects import Tree, UnknownObject
 from medomni_cas.store.refs import Refs, check_ref_name
 
@@ -196,7 +203,12 @@ class Store:
         except InvalidObject as e:
             raise InvalidObject(f"object {oid}: {e}") from None
         if kind == TREE:
-            obj: Any = Tree(body)
+            try:
+                obj: Any = Tree(body)
+            except InvalidName as e:
+                raise InvalidName(f"object {oid}: {e}") from None
+            except (TypeError, ValueError) as e:
+                raise InvalidObject(f"object {oid}: malformed tree: {e}") from None
         elif isinstance(body, Record) or kind == BLOB:
             obj = body
         else:
@@ -235,33 +247,26 @@ class Store:
         if isinstance(spec, ObjectId):
             return spec
         text = spec.strip()
-        if len(text) == 2 * ID_SIZE:
-            try:
-                return ObjectId.from_hex(text)
-            except InvalidId:
-                pass
-        try:
+        is_hex = bool(text) and all(c in "0123456789abcdefABCDEF" for c in text)
+        if is_hex and len(text) >= MIN_PREFIX:
             prefix = check_prefix(text)
-        except InvalidId:
-            prefix = None
-        if prefix is not None:
             matches = list(self.backend.iter_keys(prefix))
             if len(matches) == 1:
                 return ObjectId(matches[0])
             if len(matches) > 1:
-                from medomni_cas.errors import AmbiguousId
-
                 raise AmbiguousId(prefix, sorted(m.hex() for m in matches))
         try:
             check_ref_name(text)
-        except Exception:
-            if prefix is not None:
-                raise NotFound("object", text) from None
+        except InvalidName:
             raise InvalidId(f"not an object id, id prefix or ref name: {spec!r}") from None
         target = self.refs.get(text)
-        if target is None:
-            raise NotFound("object or ref", text)
-        return target
+        if target is not None:
+            return target
+        if is_hex and len(text) < MIN_PREFIX:
+            raise InvalidId(
+                f"id prefix {text!r} is too short: give at least {MIN_PREFIX} characters"
+            )
+        raise NotFound("object or ref", text)
 
     # -- graph -----------------------------------------------------------------------------------
     def walk(

@@ -1,12 +1,54 @@
-"""Trees: validated entry names (building from and exporting to folders comes with them)."""
+"""Trees: validated entry names, folders in and out, listing, walking and diffing.
+
+Every function here reads tree objects from their raw canonical bytes and re-validates each
+entry name, rather than trusting `Tree` (whose constructor validates, but which is only one
+way in): a tree that arrived in a bundle or from a remote may have been crafted to hold
+``..``, ``/`` or NUL in a name, and must never make an export write outside its target.
+"""
 
 from __future__ import annotations
 
-from medomni_cas.errors import InvalidName
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Literal
 
-__all__ = ["check_entry_name"]
+import msgspec
+
+from medomni_cas.errors import InvalidName, InvalidObject, NotFound
+from medomni_cas.store import encoding
+from medomni_cas.store.encoding import BLOB, TREE
+from medomni_cas.store.ids import ObjectId, parse_id
+from medomni_cas.store.objects import ChunkedBlob
+
+if TYPE_CHECKING:
+    from medomni_cas.store.store import Store
+
+__all__ = [
+    "MAX_ENTRY_NAME",
+    "MAX_TREE_DEPTH",
+    "TreeChange",
+    "check_entry_name",
+    "diff_trees",
+    "export_tree",
+    "iter_tree",
+    "ls_tree",
+    "put_directory",
+]
 
 MAX_ENTRY_NAME = 255
+#: Deepest folder nesting `export_tree` writes; deeper (crafted) trees are refused up front.
+MAX_TREE_DEPTH = 256
+CHUNKED = ChunkedBlob.__kind__
+
+# bytes copied per read while exporting a blob
+_PIECE = 1 << 20
+# objects fetched per batch while classifying entries: blobs may be 1 MiB each and some
+# backends materialise a whole batch, so this bounds memory at about _CLASSIFY_BATCH MiB
+_CLASSIFY_BATCH = 16
 
 
 def check_entry_name(name: object) -> str:
@@ -22,3 +64,504 @@ def check_entry_name(name: object) -> str:
     if len(name.encode("utf-8", "surrogatepass")) > MAX_ENTRY_NAME:
         raise InvalidName(f"tree entry name is longer than {MAX_ENTRY_NAME} bytes: {name[:40]!r}…")
     return name
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+def _shown(path: str) -> str:
+    return repr(path) if path else "the root"
+
+
+# -- reading tree objects safely ----------------------------------------------------------------
+class _Node(msgspec.Struct, frozen=True):
+    """What an entry points at: its kind, its size (bytes; entries for a tree), and its
+    validated entries (a tree) or chunk ids (a chunked blob)."""
+
+    kind: str
+    size: int
+    entries: dict[str, ObjectId] | None = None
+    chunks: list[ObjectId] | None = None
+
+
+def _parse_tree(oid: ObjectId, data: bytes, where: str) -> dict[str, ObjectId]:
+    """The validated entries of a tree object's raw bytes; ``where`` names it in errors."""
+    try:
+        kind, version, body = encoding.decode(data)
+    except InvalidObject as e:
+        raise InvalidObject(f"tree {oid} at {_shown(where)}: {e}") from None
+    if (kind, version) != (TREE, 1):
+        raise InvalidObject(f"object {oid} at {_shown(where)} is a {kind} v{version}, not a tree")
+    if not isinstance(body, dict):
+        raise InvalidObject(f"tree {oid} at {_shown(where)} is malformed: its body is not a map")
+    for name, link in body.items():
+        try:
+            check_entry_name(name)
+        except InvalidName as e:
+            raise InvalidName(f"tree {oid} at {_shown(where)}: {e}") from None
+        if type(link) is not ObjectId:
+            raise InvalidObject(
+                f"tree {oid}: entry {_join(where, name)!r} is not a link (a {type(link).__name__})"
+            )
+    return body
+
+
+def _node(oid: ObjectId, data: bytes, where: str) -> _Node:
+    """Classify an entry's object; anything but a blob, chunked blob or tree is refused."""
+    kind, version = encoding.kind_of(data)
+    if kind == BLOB:
+        return _Node(BLOB, len(encoding.blob_data(data)))
+    if kind == TREE:
+        entries = _parse_tree(oid, data, where)
+        return _Node(TREE, len(entries), entries)
+    if kind == CHUNKED and version == ChunkedBlob.__version__:
+        try:
+            m = encoding.decode_body(data, ChunkedBlob)
+        except InvalidObject as e:
+            raise InvalidObject(f"chunked blob {oid} at {_shown(where)}: {e}") from None
+        # a manifest whose arithmetic does not add up is crafted or corrupt; refuse it here,
+        # before any reader trusts it
+        n, cs = len(m.chunks), m.chunk_size
+        if cs <= 0 or not (n - 1) * cs < m.size <= n * cs:
+            raise InvalidObject(
+                f"chunked blob {oid} at {_shown(where)} is malformed: size {m.size} does not "
+                f"fit {n} chunks of {m.chunk_size} bytes"
+            )
+        return _Node(CHUNKED, m.size, chunks=m.chunks)
+    raise InvalidObject(
+        f"tree entry {_shown(where)} points at {oid}, a {kind} v{version}: "
+        "only blobs and trees can be in a tree"
+    )
+
+
+def _load(store: Store, wanted: list[tuple[ObjectId, str]], memo: dict[ObjectId, _Node]) -> None:
+    """Classify each ``(id, path)`` not yet in ``memo``, fetching in small batches."""
+    todo: dict[ObjectId, str] = {}
+    for oid, where in wanted:
+        if oid not in memo and oid not in todo:
+            todo[oid] = where
+    ids = list(todo)
+    for i in range(0, len(ids), _CLASSIFY_BATCH):
+        for oid, data in store.get_raw_many(ids[i : i + _CLASSIFY_BATCH], allow_missing=True):
+            if data is None:
+                raise NotFound("object", f"{oid} (tree entry {todo[oid]!r})")
+            memo[oid] = _node(oid, data, todo[oid])
+
+
+def _root(store: Store, tree_id: ObjectId | str, memo: dict[ObjectId, _Node]) -> ObjectId:
+    oid = parse_id(tree_id)
+    data = store.get_raw(oid)
+    kind, version = encoding.kind_of(data)
+    if (kind, version) != (TREE, 1):
+        raise InvalidObject(f"object {oid} is a {kind} v{version}, not a tree")
+    memo[oid] = _node(oid, data, "")
+    return oid
+
+
+def _entries(memo: dict[ObjectId, _Node], oid: ObjectId) -> dict[str, ObjectId]:
+    entries = memo[oid].entries
+    assert entries is not None
+    return entries
+
+
+# -- listing and walking ------------------------------------------------------------------------
+def ls_tree(store: Store, tree_id: ObjectId | str) -> list[tuple[str, ObjectId, str, int]]:
+    """One level of a tree: ``(name, id, kind, size)`` sorted by name. The size is a blob's
+    length in bytes, or a tree's number of entries."""
+    memo: dict[ObjectId, _Node] = {}
+    root = _root(store, tree_id, memo)
+    entries = _entries(memo, root)
+    _load(store, [(oid, name) for name, oid in entries.items()], memo)
+    return [(name, oid, memo[oid].kind, memo[oid].size) for name, oid in sorted(entries.items())]
+
+
+def iter_tree(store: Store, tree_id: ObjectId | str) -> Iterator[tuple[str, ObjectId, str]]:
+    """Every file under a tree, depth first in name order: ``(path, id, kind)`` where kind
+    is ``blob`` or ``chunked-blob`` and path joins names with ``/``."""
+    memo: dict[ObjectId, _Node] = {}
+    root = _root(store, tree_id, memo)
+
+    def level(prefix: str, oid: ObjectId) -> Iterator[tuple[str, ObjectId]]:
+        entries = _entries(memo, oid)
+        _load(store, [(o, _join(prefix, n)) for n, o in entries.items()], memo)
+        return iter(sorted(entries.items()))
+
+    # an explicit stack: a crafted tree may be nested deeper than Python's recursion limit
+    stack: list[tuple[str, Iterator[tuple[str, ObjectId]]]] = [("", level("", root))]
+    while stack:
+        prefix, items = stack[-1]
+        item = next(items, None)
+        if item is None:
+            stack.pop()
+            continue
+        name, child = item
+        path = _join(prefix, name)
+        node = memo[child]
+        if node.kind == TREE:
+            stack.append((path, level(path, child)))
+        else:
+            yield path, child, node.kind
+
+
+# -- diff -----------------------------------------------------------------------------------------
+class TreeChange(msgspec.Struct, frozen=True, kw_only=True):
+    """One difference between two trees.
+
+    A subtree present on one side only is one change (with the subtree's id), not one per
+    file under it: that keeps a diff proportional to what changed, and ``diff == []`` exactly
+    when the two ids are equal. An entry that is a file on one side and a folder on the
+    other is ``modified``.
+    """
+
+    path: str
+    change: Literal["added", "removed", "modified"]
+    old: ObjectId | None = None
+    new: ObjectId | None = None
+
+
+def diff_trees(store: Store, a: ObjectId | str, b: ObjectId | str) -> list[TreeChange]:
+    """The changes that turn tree ``a`` into tree ``b``, sorted by path (component-wise).
+
+    Only subtrees whose ids differ are read: equal ids mean equal contents (Merkle), so an
+    unchanged folder costs nothing however large it is.
+    """
+    memo: dict[ObjectId, _Node] = {}
+    ra, rb = _root(store, a, memo), _root(store, b, memo)
+    out: list[TreeChange] = []
+    stack: list[tuple[str, ObjectId, ObjectId]] = [("", ra, rb)] if ra != rb else []
+    while stack:
+        prefix, ta, tb = stack.pop()
+        ea, eb = _entries(memo, ta), _entries(memo, tb)
+        changed = [n for n in ea.keys() & eb.keys() if ea[n] != eb[n]]
+        # only entries that differ on both sides need their kinds: are they both trees?
+        _load(store, [(ea[n], _join(prefix, n)) for n in changed], memo)
+        _load(store, [(eb[n], _join(prefix, n)) for n in changed], memo)
+        for n in ea.keys() - eb.keys():
+            out.append(TreeChange(path=_join(prefix, n), change="removed", old=ea[n]))
+        for n in eb.keys() - ea.keys():
+            out.append(TreeChange(path=_join(prefix, n), change="added", new=eb[n]))
+        for n in changed:
+            path = _join(prefix, n)
+            if memo[ea[n]].kind == TREE and memo[eb[n]].kind == TREE:
+                stack.append((path, ea[n], eb[n]))
+            else:
+                out.append(TreeChange(path=path, change="modified", old=ea[n], new=eb[n]))
+    out.sort(key=lambda c: c.path.split("/"))
+    return out
+
+
+# -- folders in ------------------------------------------------------------------------------------
+# A scanned folder: entry name -> a sub-folder, or the real path of a regular file.
+type _Dir = dict[str, _Dir | str]
+
+
+def _refuse_special(path: str, st: os.stat_result) -> None:
+    mode = st.st_mode
+    what = (
+        "a fifo"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file or folder"
+    )
+    raise InvalidObject(f"{path!r} is {what}: only regular files and folders can be stored")
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _scan(root: str, follow_symlinks: bool) -> _Dir:
+    """Check a whole folder before storing anything: names, file types, symlinks."""
+    real_root = os.path.realpath(root)
+
+    def scan(path: str, real: str, ancestors: frozenset[tuple[int, int]]) -> _Dir:
+        out: _Dir = {}
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            full = os.path.join(path, entry.name)
+            try:
+                entry.name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidName(f"{full!r}: a tree entry name must be valid UTF-8") from None
+            try:
+                check_entry_name(entry.name)
+            except InvalidName as e:
+                raise InvalidName(f"{full!r}: {e}") from None
+            st = entry.stat(follow_symlinks=False)
+            target = os.path.join(real, entry.name)
+            if stat.S_ISLNK(st.st_mode):
+                if not follow_symlinks:
+                    raise InvalidObject(
+                        f"{full!r} is a symlink; symlinks are not stored "
+                        "(pass follow_symlinks=True to store what it points at)"
+                    )
+                target = os.path.realpath(full)
+                if not _inside(target, real_root):
+                    raise InvalidObject(
+                        f"symlink {full!r} points outside the folder being stored "
+                        f"({target!r} is not under {real_root!r})"
+                    )
+                try:
+                    st = os.stat(target)
+                except FileNotFoundError:
+                    raise InvalidObject(f"symlink {full!r} is broken: {target!r}") from None
+            if stat.S_ISDIR(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                if key in ancestors:
+                    raise InvalidObject(f"symlink {full!r} makes a cycle: it leads to {target!r}")
+                out[entry.name] = scan(full, target, ancestors | {key})
+            elif stat.S_ISREG(st.st_mode):
+                out[entry.name] = target
+            else:
+                _refuse_special(full, st)
+        return out
+
+    st = os.stat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"not a folder: {root!r}")
+    return scan(root, real_root, frozenset({(st.st_dev, st.st_ino)}))
+
+
+def put_directory(
+    store: Store,
+    path: str | os.PathLike[str],
+    *,
+    follow_symlinks: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> ObjectId:
+    """Store a folder as a tree (files as blobs, sub-folders as trees); return its id.
+
+    The whole folder is checked first, so a refused name (`InvalidName`), symlink or special
+    file (`InvalidObject`) stores nothing. Symlinks are refused unless ``follow_symlinks``,
+    and even then one that leads outside the folder, or into a loop, is refused. ``path``
+    itself may be a symlink: it is what the caller named. Empty folders are kept. The folder
+    must not change while it is stored; a file swapped for a symlink or special file in the
+    meantime is still refused. ``progress`` gets the number of files stored so far.
+    """
+    root = os.fspath(path)
+    plan = _scan(root, follow_symlinks)
+    done = 0
+
+    def put_file(shown: str, real: str) -> ObjectId:
+        nonlocal done
+        # O_NOFOLLOW and O_NONBLOCK: a symlink or fifo swapped in since the scan fails here
+        # instead of being followed or blocking forever
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(real, flags)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise InvalidObject(f"{shown!r} became a symlink while being stored") from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                _refuse_special(shown, st)
+            oid = store.put_blob(f)
+        done += 1
+        if progress is not None:
+            progress(done)
+        return oid
+
+    def put(folder: str, d: _Dir) -> ObjectId:
+        entries: dict[str, ObjectId] = {}
+        for name, child in d.items():
+            shown = os.path.join(folder, name)
+            entries[name] = put(shown, child) if isinstance(child, dict) else put_file(shown, child)
+        return store.put_tree(entries)
+
+    return put(root, plan)
+
+
+# -- folders out -----------------------------------------------------------------------------------
+def _plan_export(store: Store, tree_id: ObjectId | str) -> tuple[ObjectId, dict[ObjectId, _Node]]:
+    """Read and check every object an export will touch, before writing anything."""
+    memo: dict[ObjectId, _Node] = {}
+    root = _root(store, tree_id, memo)
+    frontier = [(root, "")]
+    while frontier:
+        nxt: list[tuple[ObjectId, str]] = []
+        wanted = [
+            (child, _join(where, name))
+            for oid, where in frontier
+            for name, child in _entries(memo, oid).items()
+        ]
+        fresh = [(o, w) for o, w in wanted if o not in memo]
+        _load(store, fresh, memo)
+        seen: set[ObjectId] = set()
+        for o, w in fresh:
+            if memo[o].kind == TREE and o not in seen:
+                seen.add(o)
+                nxt.append((o, w))
+        frontier = nxt
+    # chunks are only checked for presence (no bytes read twice): an incomplete tree, e.g.
+    # a partial pull, is refused here rather than half exported
+    chunks = {c: o for o, n in memo.items() if n.chunks for c in n.chunks}
+    absent = store.missing(chunks)
+    if absent:
+        raise NotFound("object", f"{absent[0]} (a chunk of blob {chunks[absent[0]]})")
+    # refuse a crafted chain of trees deeper than any real folder before writing a byte:
+    # heights bottom-up over the DAG, iteratively (no recursion limit to hit)
+    height: dict[ObjectId, int] = {}
+    stack = [root]
+    while stack:
+        oid = stack[-1]
+        kids = [c for c in _entries(memo, oid).values() if memo[c].kind == TREE]
+        pending = [c for c in kids if c not in height]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        height[oid] = 1 + max((height[c] for c in kids), default=0)
+        if height[oid] > MAX_TREE_DEPTH:
+            raise InvalidObject(f"tree {root} is nested deeper than {MAX_TREE_DEPTH} folders")
+    return root, memo
+
+
+def _check_target(target: str, overwrite: bool) -> None:
+    """Refuse a non-empty target before reading anything (cheap, and writes nothing)."""
+    if overwrite or not os.path.lexists(target):
+        return
+    if not os.path.isdir(target):
+        raise NotADirectoryError(f"export target {target!r} is not a folder")
+    if os.listdir(target):
+        raise FileExistsError(f"export target {target!r} is not empty (pass overwrite=True)")
+
+
+def _open_target(target: str, overwrite: bool) -> int:
+    os.makedirs(target, exist_ok=True)
+    # the target itself may be a symlink the caller chose; everything below it is not followed
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    if not overwrite and os.listdir(fd):  # filled since _check_target
+        os.close(fd)
+        raise FileExistsError(f"export target {target!r} is not empty (pass overwrite=True)")
+    return fd
+
+
+def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _make_dir(name: str, parent: int, shown: str, overwrite: bool) -> int:
+    """Create (or, with overwrite, reuse) a real folder ``name`` under ``parent``; its fd."""
+    try:
+        os.mkdir(name, 0o777, dir_fd=parent)
+    except FileExistsError:
+        if not overwrite:
+            # the target was empty: a clash means two names that this filesystem treats as
+            # one (case or Unicode folding), or someone writing into the target meanwhile
+            raise FileExistsError(f"{shown!r} already exists") from None
+        st = _lstat_at(name, parent)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            # a symlink or file where the tree has a folder: remove it (the link, never what
+            # it points at) rather than write through it
+            os.unlink(name, dir_fd=parent)
+            os.mkdir(name, 0o777, dir_fd=parent)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags, dir_fd=parent)
+    except OSError as e:  # ELOOP/ENOTDIR: swapped for a symlink since we made it
+        raise FileExistsError(f"{shown!r} is not a real folder: {e.strerror}") from None
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileExistsError(f"{shown!r} is not a real folder")
+    return fd
+
+
+def _write_file(
+    store: Store, oid: ObjectId, node: _Node, name: str, parent: int, shown: str, overwrite: bool
+) -> None:
+    """Write a blob to ``name`` under ``parent`` via a fresh temporary file and a rename, so
+    no half-written file is ever visible and nothing existing is opened or followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = f".medomni-tmp-{secrets.token_hex(8)}"
+        try:
+            fd = os.open(tmp, flags, 0o666, dir_fd=parent)
+            break
+        except FileExistsError:
+            continue
+    renamed = False
+    try:
+        with os.fdopen(fd, "wb") as out, store.open_blob(oid) as src:
+            written = 0
+            while piece := src.read(_PIECE):
+                written += len(piece)
+                if written > node.size:
+                    break
+                out.write(piece)
+        if written != node.size:
+            raise InvalidObject(
+                f"blob {oid} at {shown!r} holds {written} bytes, its object says {node.size}"
+            )
+        existing = _lstat_at(name, parent)
+        if existing is not None:
+            if not overwrite:
+                raise FileExistsError(f"{shown!r} already exists")
+            if stat.S_ISDIR(existing.st_mode):
+                raise IsADirectoryError(f"{shown!r} is a folder; the tree has a file there")
+        # rename replaces a symlink itself, never what it points at
+        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        renamed = True
+    finally:
+        if not renamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=parent)
+
+
+def export_tree(
+    store: Store,
+    tree_id: ObjectId | str,
+    target: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+) -> int:
+    """Write a tree into folder ``target``; return the number of files written.
+
+    ``target`` must be missing or empty unless ``overwrite`` (then files of the tree replace
+    files of the same name, and other files are left alone). Every tree and blob is read,
+    every name re-checked and every chunk's presence confirmed before anything is written,
+    so a crafted or incomplete tree writes nothing; a chunk that turns out corrupt while
+    copying leaves no partial file (each file appears whole, by rename, or not at all).
+    Writes go through folder descriptors with ``O_NOFOLLOW``/``O_EXCL`` and renames, so no
+    symlink inside ``target``, present before or planted during the export, can send a
+    write outside it. Blobs are copied in 1 MiB pieces.
+    """
+    base = os.fspath(target)
+    _check_target(base, overwrite)
+    root, memo = _plan_export(store, tree_id)
+    top = _open_target(base, overwrite)
+    count = 0
+    # (fd of the folder, its path for messages, its entries in name order, next index)
+    stack: list[tuple[int, str, list[tuple[str, ObjectId]], list[int]]] = []
+    try:
+        stack.append((top, base, sorted(_entries(memo, root).items()), [0]))
+        while stack:
+            fd, shown, items, pos = stack[-1]
+            if pos[0] == len(items):
+                stack.pop()
+                os.close(fd)
+                continue
+            name, oid = items[pos[0]]
+            pos[0] += 1
+            check_entry_name(name)  # checked in the plan already; this is the last line of defence
+            node = memo[oid]
+            child_shown = os.path.join(shown, name)
+            if node.kind == TREE:
+                child = _make_dir(name, fd, child_shown, overwrite)
+                stack.append((child, child_shown, sorted(_entries(memo, oid).items()), [0]))
+            else:
+                _write_file(store, oid, node, name, fd, child_shown, overwrite)
+                count += 1
+    finally:
+        for fd, *_ in stack:
+            os.close(fd)
+    return count

@@ -62,14 +62,23 @@ def default_store_url(start: str | Path = ".") -> str:
     return DEFAULT_STORE_URL
 
 
-def open_backend(url: str) -> Backend:
+def open_backend(url: str, *, create: bool = True) -> Backend:
     if "://" not in url:
         raise ValueError(f"not a store URL (expected scheme://…): {url!r}")
-    scheme = url.split("://", 1)[0].lower()
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
+    if not create and scheme in ("lmdb", "file"):
+        path = Path(rest.split("?", 1)[0]).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"no store at {url} (create one with `medomni cas init`)")
     cls = _backend_class(scheme)
     return cls.from_url(url)  # type: ignore[attr-defined]
 
 
-def open_store(url: str | None = None, *, single_writer: bool = False) -> Store:
-    """Open the store at ``url``; with none, the workspace's store, else ``lmdb://./.medomni/store``."""
-    return Store(open_backend(url or default_store_url()), single_writer=single_writer)
+def open_store(
+    url: str | None = None, *, single_writer: bool = False, create: bool = True
+) -> Store:
+    """Open the store at ``url``; with none, the workspace's store, else
+    ``lmdb://./.medomni/store``. With ``create=False`` a local store must already exist."""
+    backend = open_backend(url or default_store_url(), create=create)
+    return Store(backend, single_writer=single_writer)

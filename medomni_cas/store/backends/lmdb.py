@@ -21,23 +21,33 @@ import struct
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 import lmdb
 
-from medomni_cas.store.backend import Backend
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend
 
 __all__ = ["LARGE_OBJECT", "LMDBBackend"]
 
 LARGE_OBJECT = 256 * 1024
 _HDR = struct.Struct("<BQ")
 _INLINE, _FILE = 0, 1
-# An object put again refreshes its write time only when that time is older than this, so
-# that a rebuild writes (almost) nothing yet gc's grace period still protects it.
-FRESHEN_AFTER_MS = 3600 * 1000
+FRESHEN_AFTER_MS = int(FRESHEN_AFTER * 1000)
 _INITIAL_MAP = 1 << 30
 T = TypeVar("T")
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _fsync_pool() -> ThreadPoolExecutor:
+    """Threads for fsyncing a batch of chunk files at once, made on first use."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(8, thread_name_prefix="medomni-fsync")
+    return _POOL
 
 
 def _now_ms() -> int:
@@ -104,19 +114,42 @@ class LMDBBackend(Backend):
         h = key.hex()
         return self._large / h[:2] / h[2:]
 
-    def _write_file(self, key: bytes, data: bytes) -> None:
-        target = self._file(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+    def _write_files(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Write large objects to their files, durably, before any marker is committed.
+
+        All files of the batch are written first and then fsynced together, in threads
+        (fsync releases the GIL), so the disk flushes them as one batch rather than one
+        flush per chunk; then renamed into place, and their folders fsynced so that the
+        renames too survive a crash before the LMDB markers are committed.
+        """
+        pending: list[tuple[int, str, Path]] = []  # (open fd or -1, temp path, target)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                if self.durable:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, target)
+            for key, data in items:
+                target = self._file(key)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+                pending.append((fd, tmp, target))
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if self.durable:
+                list(_fsync_pool().map(os.fsync, [fd for fd, _, _ in pending]))
+            for i, (fd, tmp, target) in enumerate(pending):
+                os.close(fd)
+                pending[i] = (-1, tmp, target)
+                os.replace(tmp, target)
+            if self.durable:
+                for folder in {target.parent for _, _, target in pending}:
+                    dfd = os.open(folder, os.O_RDONLY)
+                    try:
+                        os.fsync(dfd)
+                    finally:
+                        os.close(dfd)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            for fd, tmp, _ in pending:
+                if fd >= 0:
+                    os.close(fd)
+                Path(tmp).unlink(missing_ok=True)
             raise
 
     # -- objects -------------------------------------------------------------------------------
@@ -164,9 +197,7 @@ class LMDBBackend(Backend):
         large = [(k, d) for k, d in items if len(d) >= LARGE_OBJECT]
         if large:
             absent = set(self.missing(k for k, _ in large))
-            for key, data in large:
-                if key in absent:
-                    self._write_file(key, data)
+            self._write_files([(k, d) for k, d in large if k in absent])
         marker = _HDR.pack(_FILE, now)
         pairs = [(k, marker if len(d) >= LARGE_OBJECT else inline + d) for k, d in items]
 
@@ -222,15 +253,22 @@ class LMDBBackend(Backend):
             ]
         return iter(out)
 
-    def delete_many(self, keys: Iterable[bytes]) -> int:
+    def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
         keys = list(keys)
+        limit = None if older_than is None else older_than * 1000.0
 
-        def delete(txn: lmdb.Transaction) -> list[bytes]:
+        def delete(txn: lmdb.Transaction) -> list[tuple[bytes, int]]:
             gone = []
             for key in keys:
                 value = txn.get(key, db=self._objects)
-                if value is not None and txn.delete(key, db=self._objects):
-                    gone.append((key, value[0]))
+                if value is None:
+                    continue
+                flag, stamp = _HDR.unpack_from(value)
+                # checked inside the write transaction: no writer can refresh it meanwhile
+                if limit is not None and stamp >= limit:
+                    continue
+                if txn.delete(key, db=self._objects):
+                    gone.append((key, flag))
             return gone
 
         gone = self._write(delete)
@@ -238,6 +276,36 @@ class LMDBBackend(Backend):
             if flag == _FILE:
                 self._file(key).unlink(missing_ok=True)
         return len(gone)
+
+    def remove_orphans(self, older_than: float) -> int:
+        """Chunk files with no LMDB entry (a writer died between file and entry), and
+        temp files, older than ``older_than``."""
+        if not self._large.is_dir():
+            return 0
+        candidates: list[tuple[Path, bytes | None]] = []
+        for sub in self._large.iterdir():
+            if not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                if f.name.startswith(".tmp-"):
+                    candidates.append((f, None))
+                else:
+                    try:
+                        candidates.append((f, bytes.fromhex(sub.name + f.name)))
+                    except ValueError:
+                        continue
+        absent = set(self.missing(k for _, k in candidates if k is not None))
+        n = 0
+        for f, key in candidates:
+            if key is not None and key not in absent:
+                continue
+            try:
+                if f.stat().st_mtime < older_than:
+                    f.unlink()
+                    n += 1
+            except FileNotFoundError:
+                pass
+        return n
 
     # -- refs ----------------------------------------------------------------------------------
     def ref_get(self, name: str) -> bytes | None:

@@ -50,11 +50,13 @@ class MemoryBackend(Backend):
         for key, (stamp, _) in list(self._objects.items()):
             yield key, stamp
 
-    def delete_many(self, keys: Iterable[bytes]) -> int:
+    def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
         n = 0
         with self._lock:
             for key in keys:
-                if self._objects.pop(key, None) is not None:
+                entry = self._objects.get(key)
+                if entry is not None and (older_than is None or entry[0] < older_than):
+                    del self._objects[key]
                     n += 1
         return n
 

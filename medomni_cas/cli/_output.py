@@ -1,0 +1,188 @@
+"""What every command shares: common options, JSON or text output, errors -> exit codes.
+
+Exit codes: 0 ok; 1 the store has a problem (fsck found one, an object is corrupt);
+2 bad input (unknown id or ref, bad name or URL, missing file), reported on stderr in one
+line that names what is at fault. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import PurePath
+from typing import Any
+
+import msgspec
+
+from medomni_cas.errors import AmbiguousId, IntegrityError, MedomniError
+from medomni_cas.store.ids import ObjectId
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "Handler",
+    "add_command",
+    "common_options",
+    "emit",
+    "emit_json",
+    "isotime",
+    "run",
+    "to_builtins",
+]
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_BAD_INPUT = 2
+# 128 + SIGPIPE, what a shell reports for `medomni cas cat X | head`
+EXIT_BROKEN_PIPE = 141
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def common_options() -> argparse.ArgumentParser:
+    """A parent parser with the options every level accepts.
+
+    Defaults are SUPPRESS so that an option given before the verb (``medomni --json cas
+    fsck``) is not reset by the verb's own parser; read them with ``getattr(args, …)``.
+    """
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="store URL (default: the store in ./workspace.yaml, else lmdb://./.medomni/store)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="machine-readable output on stdout",
+    )
+    p.add_argument(
+        "--single-writer",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="allow ref updates on filesystems without conditional writes (you hold the "
+        "only writer)",
+    )
+    return p
+
+
+_COMMON = common_options()
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    handler: Handler,
+    help: str,
+) -> argparse.ArgumentParser:
+    """Add a verb with the common options; ``handler(args) -> exit code`` runs it."""
+    p = subparsers.add_parser(name, help=help, description=help, parents=[_COMMON])
+    p.set_defaults(handler=handler)
+    return p
+
+
+def json_mode(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+def _enc_hook(obj: Any) -> Any:
+    # ObjectId is a bytes subclass: without this msgspec would write base64
+    if isinstance(obj, ObjectId):
+        return obj.hex()
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise NotImplementedError(f"cannot show a {type(obj).__name__} as JSON")
+
+
+# insertion order, so that "id" and "kind" lead and tree entries stay sorted by name
+_JSON = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def to_builtins(obj: Any) -> Any:
+    """Dicts, lists and scalars for any report (Struct, dataclass, NamedTuple); ids as hex."""
+    if isinstance(obj, tuple) and hasattr(obj, "_asdict"):
+        obj = obj._asdict()
+    return msgspec.to_builtins(obj, enc_hook=_enc_hook)
+
+
+def encode_json(obj: Any, *, indent: int = 0) -> str:
+    data = _JSON.encode(obj)
+    if indent:
+        data = msgspec.json.format(data, indent=indent)
+    return data.decode()
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(encode_json(obj) + "\n")
+
+
+def emit(args: argparse.Namespace, data: Any, text: str | Iterable[str]) -> None:
+    """Print ``data`` as JSON under ``--json``, else the lines of ``text``."""
+    if json_mode(args):
+        emit_json(data)
+        return
+    lines = [text] if isinstance(text, str) else text
+    out = sys.stdout
+    for line in lines:
+        out.write(line + "\n")
+
+
+def isotime(t: float) -> str:
+    """An epoch time as ISO-8601 in UTC, to the millisecond (reflog entries can share a second)."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+
+
+# -- errors -------------------------------------------------------------------------------------
+def _describe(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    return str(e) or type(e).__name__
+
+
+def _fail(args: argparse.Namespace, e: BaseException, code: int) -> int:
+    msg = _describe(e)
+    sys.stderr.write(f"medomni: error: {msg}\n")
+    if json_mode(args):
+        err: dict[str, Any] = {"type": type(e).__name__, "message": msg}
+        if isinstance(e, AmbiguousId):
+            err["candidates"] = e.candidates
+        emit_json({"error": err})
+    return code
+
+
+def run(handler: Handler, args: argparse.Namespace) -> int:
+    """Run a verb, turning user errors into a message and an exit code (no traceback)."""
+    try:
+        return handler(args)
+    except IntegrityError as e:
+        # the input was fine; the store is damaged, which is what exit 1 reports
+        return _fail(args, e, EXIT_PROBLEM)
+    except (MedomniError, OSError, ValueError, ModuleNotFoundError) as e:
+        # MedomniError covers NotFound / AmbiguousId (KeyErrors) and InvalidId / InvalidName;
+        # ValueError covers bad URLs; ModuleNotFoundError a backend whose extra is absent.
+        if isinstance(e, BrokenPipeError):
+            return _broken_pipe()
+        return _fail(args, e, EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        sys.stderr.write("medomni: interrupted\n")
+        return 130
+
+
+def _broken_pipe() -> int:
+    # the reader went away (`| head`): stop quietly, and keep Python's exit-time flush of
+    # stdout from raising again
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real file (tests): nothing will be flushed to a pipe
+    return EXIT_BROKEN_PIPE

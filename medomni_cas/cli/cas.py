@@ -1,0 +1,386 @@
+"""``medomni cas …``: the object store's verbs, one small function each.
+
+Every verb opens the store named by ``--store`` (default: the workspace's), calls library
+functions and prints their result as text or, with ``--json``, as JSON on stdout. Ids print
+in full; anywhere an id is read, a unique prefix of at least 8 hex characters or a ref name
+will do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import medomni_cas as mc
+from medomni_cas.cli._output import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    add_command,
+    common_options,
+    emit,
+    emit_json,
+    encode_json,
+    isotime,
+    json_mode,
+    to_builtins,
+)
+from medomni_cas.errors import InvalidName, NotFound
+from medomni_cas.store import encoding
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.refs import check_ref_name
+from medomni_cas.store.url import WORKSPACE_FILE, default_store_url
+
+__all__ = ["register"]
+
+_PIECE = 1 << 20  # cat streams blobs in pieces of this size: bounded memory for any blob
+
+
+def _open(args: argparse.Namespace, *, create: bool = False) -> mc.Store:
+    # only verbs that write create a store: a mistyped --store must not make an empty one
+    return mc.open(
+        getattr(args, "store", None) or default_store_url(),
+        single_writer=getattr(args, "single_writer", False),
+        create=create,
+    )
+
+
+def _hex(oid: ObjectId | str | None) -> str:
+    if not oid:
+        return "-"
+    return oid if isinstance(oid, str) else oid.hex()
+
+
+# -- verbs ---------------------------------------------------------------------------------------
+def cmd_init(args: argparse.Namespace) -> int:
+    """Create (or open) the store; with --workspace, record it in ./workspace.yaml."""
+    url = getattr(args, "store", None) or default_store_url()
+    with mc.open(url) as store:
+        url = store.url
+    if args.workspace:
+        _write_workspace(Path(WORKSPACE_FILE), url)
+    emit(args, {"url": url, "workspace": args.workspace}, url)
+    return EXIT_OK
+
+
+def _write_workspace(path: Path, url: str) -> None:
+    if not path.exists():
+        path.write_text(yaml.safe_dump({"store": url}, sort_keys=False))
+        return
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    current = data.get("store")
+    if current is None:
+        # append rather than re-dump, so the user's comments and layout survive
+        text = path.read_text()
+        sep = "" if not text or text.endswith("\n") else "\n"
+        path.write_text(text + sep + yaml.safe_dump({"store": url}))
+    elif current != url:
+        raise ValueError(f"{path} already names store {current!r}; edit it to change stores")
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    """Store a file or stdin as a blob, or a directory as a tree; optionally set a ref."""
+    source: str = args.path
+    if args.ref:
+        check_ref_name(args.ref)  # before storing anything: a bad name is an input error
+    with _open(args, create=True) as store:
+        if source == "-":
+            oid, kind = store.put_blob(sys.stdin.buffer), "blob"
+        elif Path(source).is_dir():
+            from medomni_cas.store.trees import put_directory
+
+            oid, kind = put_directory(store, source), "tree"
+        else:
+            oid, kind = store.put_blob(source), "blob"
+        if args.ref:
+            store.refs.set(args.ref, oid, message=args.message or f"put {source}")
+    data: dict[str, Any] = {"id": oid, "kind": kind}
+    if args.ref:
+        data["ref"] = args.ref
+    emit(args, data, oid.hex())
+    return EXIT_OK
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    """Write a blob's bytes to stdout (``--json`` does not apply: the bytes are the output)."""
+    with _open(args) as store:
+        reader = store.open_blob(store.resolve(args.id))
+        sys.stdout.flush()
+        out = sys.stdout.buffer
+        while piece := reader.read(_PIECE):
+            out.write(piece)
+        out.flush()
+    return EXIT_OK
+
+
+def describe(oid: ObjectId, data: bytes) -> dict[str, Any]:
+    """An object's canonical bytes as plain JSON-able values, with its id and kind."""
+    kind, version = encoding.kind_of(data)
+    if kind == encoding.BLOB:
+        # the payload is what `cat` is for; show only its size
+        return to_builtins({"id": oid, "kind": kind, "size": len(encoding.blob_data(data))})
+    _, _, body = encoding.decode(data)
+    out: dict[str, Any] = {"id": oid, "kind": kind, "version": version}
+    if kind == encoding.TREE:
+        out["entries"] = dict(sorted(body.items()))
+    else:
+        out["body"] = body
+    return to_builtins(out)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print an object decoded, as JSON (indented unless --json)."""
+    with _open(args) as store:
+        oid = store.resolve(args.id)
+        shown = describe(oid, store.get_raw(oid))
+    sys.stdout.write(encode_json(shown, indent=0 if json_mode(args) else 2) + "\n")
+    return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """List a tree: kind, size, id and name of each entry."""
+    from medomni_cas.store.trees import ls_tree
+
+    with _open(args) as store:
+        rows = ls_tree(store, store.resolve(args.id))
+    data = [{"name": n, "id": i, "kind": k, "size": s} for n, i, k, s in rows]
+    width = max((len(k) for _, _, k, _ in rows), default=4)
+    text = [f"{k:<{width}} {'-' if s is None else s:>12} {i.hex()}  {n}" for n, i, k, s in rows]
+    emit(args, data, text)
+    return EXIT_OK
+
+
+def cmd_refs(args: argparse.Namespace) -> int:
+    """List refs (under PREFIX): name -> id."""
+    with _open(args) as store:
+        refs = dict(store.refs.items(args.prefix))
+    emit(args, refs, [f"{oid.hex()} {name}" for name, oid in refs.items()])
+    return EXIT_OK
+
+
+def cmd_ref_set(args: argparse.Namespace) -> int:
+    """Point a ref at an object: compare-and-swap with --expect, create-only with --create."""
+    with _open(args) as store:
+        new = store.resolve(args.id)
+        if args.create:
+            expected: ObjectId | None = None
+        elif args.expect is not None:
+            expected = store.resolve(args.expect)
+        else:
+            expected = store.refs.get(args.name)
+        store.refs.set(args.name, new, expected=expected, message=args.message)
+    emit(args, {"name": args.name, "old": expected, "new": new}, f"{new.hex()} {args.name}")
+    return EXIT_OK
+
+
+def cmd_ref_delete(args: argparse.Namespace) -> int:
+    """Delete a ref (its history is kept)."""
+    with _open(args) as store:
+        old = store.refs[args.name] if args.expect is None else store.resolve(args.expect)
+        store.refs.delete(args.name, expected=old, message=args.message)
+    emit(args, {"name": args.name, "old": old}, f"deleted {args.name} (was {old.hex()})")
+    return EXIT_OK
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    """A ref's history, oldest first: time, old id, new id, message."""
+    with _open(args) as store:
+        entries = store.refs.history(args.name)
+    if not entries:
+        raise NotFound("ref", args.name)
+    data = [
+        {
+            "time": isotime(e.time),
+            "timestamp": e.time,
+            "old": e.old_id,
+            "new": e.new_id,
+            "message": e.message,
+        }
+        for e in entries
+    ]
+    text = [
+        f"{d['time']}  {_hex(d['old'])}  {_hex(d['new'])}  {d['message']}".rstrip() for d in data
+    ]
+    emit(args, data, text)
+    return EXIT_OK
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    """Verify every object and ref; exit 1 when anything is wrong."""
+    from medomni_cas.store.verify import fsck
+
+    with _open(args) as store:
+        report = fsck(store)
+    if json_mode(args):
+        emit_json(to_builtins(report))
+    else:
+        for p in report.problems:
+            where = f" (ref {p.ref})" if p.ref else ""
+            sys.stdout.write(f"{p.kind} {_hex(p.id)}{where}: {p.message}\n")
+        status = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+        sys.stdout.write(f"{status}: {report.objects} objects, {report.refs} refs\n")
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Delete objects no ref reaches and older than the grace period."""
+    from medomni_cas.store.gc import gc
+
+    with _open(args) as store:
+        report = gc(
+            store,
+            grace=args.grace,
+            reflog_retention=args.reflog_retention,
+            dry_run=args.dry_run,
+        )
+    verb = "would sweep" if report.dry_run else "swept"
+    text = [_hex(oid) for oid in report.swept_ids] if report.dry_run else []
+    text.append(
+        f"{report.reachable} reachable, {verb} {report.swept}, "
+        f"kept {report.kept_young} younger than {args.grace:g}s"
+    )
+    emit(args, to_builtins(report), text)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the objects reachable from ROOTs (and named refs) to a bundle file."""
+    from medomni_cas.store.bundle import export_bundle
+
+    with _open(args) as store:
+        roots: dict[ObjectId, None] = {}  # ordered and without repeats
+        refs: dict[str, ObjectId] = {}
+        for spec in args.roots:
+            oid = store.resolve(spec)
+            roots[oid] = None
+            if _is_ref(store, spec, oid):
+                refs[spec] = oid
+        for name in args.ref:
+            refs[name] = store.refs[name]
+            roots[refs[name]] = None
+        info = export_bundle(store, list(roots), args.output, refs=refs or None)
+    text = f"wrote {info.objects} objects ({info.bytes} bytes) to {info.path}"
+    emit(args, to_builtins(info), text)
+    return EXIT_OK
+
+
+def _is_ref(store: mc.Store, spec: str, oid: ObjectId) -> bool:
+    # resolve prefers an id prefix over a ref name, so a ref counts only if it is what resolved
+    try:
+        return store.refs.get(check_ref_name(spec)) == oid
+    except InvalidName:
+        return False
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Read a bundle into the store, updating its refs unless --no-refs."""
+    path = Path(args.file)
+    if not path.is_file():
+        # say so now, naming the file, rather than through whatever the reader raises
+        raise FileNotFoundError(2, "no such bundle file", str(path))
+    from medomni_cas.store.bundle import import_bundle
+
+    with _open(args, create=True) as store:
+        report = import_bundle(store, path, refs=args.refs)
+    names = ", ".join(report.refs_updated) or "none"
+    text = f"{report.objects} objects ({report.new} new); refs updated: {names}"
+    emit(args, to_builtins(report), text)
+    return EXIT_OK
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    """Print the full id of a prefix or ref name (an ambiguous prefix lists candidates)."""
+    with _open(args) as store:
+        oid = store.resolve(args.spec)
+    emit(args, {"id": oid}, oid.hex())
+    return EXIT_OK
+
+
+# -- parsers -------------------------------------------------------------------------------------
+def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``cas`` and its verbs to the top-level subcommands."""
+    cas = groups.add_parser(
+        "cas", help="the content-addressed object store", parents=[common_options()]
+    )
+    cas.set_defaults(handler=None, parser=cas)
+    verbs = cas.add_subparsers(title="verbs", metavar="VERB")
+
+    p = add_command(verbs, "init", cmd_init, "create or open the store and print its URL")
+    p.add_argument(
+        "--workspace", action="store_true", help=f"also record the store in ./{WORKSPACE_FILE}"
+    )
+
+    p = add_command(verbs, "put", cmd_put, "store a file, directory or stdin (-); print its id")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--ref", metavar="NAME", help="also point this ref at the new object")
+    p.add_argument("-m", "--message", default="", help="message for the ref's history")
+
+    p = add_command(verbs, "cat", cmd_cat, "write a blob's bytes to stdout")
+    p.add_argument("id", metavar="ID")
+
+    p = add_command(verbs, "show", cmd_show, "print an object decoded, as JSON")
+    p.add_argument("id", metavar="ID")
+
+    p = add_command(verbs, "ls", cmd_ls, "list a tree's entries")
+    p.add_argument("id", metavar="ID")
+
+    p = add_command(verbs, "refs", cmd_refs, "list refs")
+    p.add_argument("prefix", metavar="PREFIX", nargs="?", default="")
+
+    ref = verbs.add_parser("ref", help="change one ref", parents=[common_options()])
+    ref.set_defaults(handler=None, parser=ref)
+    ref_verbs = ref.add_subparsers(title="verbs", metavar="VERB")
+    p = add_command(ref_verbs, "set", cmd_ref_set, "point a ref at an object")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("id", metavar="ID")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--expect", metavar="OLD", help="only if the ref points at OLD now")
+    only.add_argument("--create", action="store_true", help="only if the ref does not exist")
+    p.add_argument("-m", "--message", default="", help="message for the ref's history")
+    p = add_command(ref_verbs, "delete", cmd_ref_delete, "delete a ref")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--expect", metavar="OLD", help="only if the ref points at OLD now")
+    p.add_argument("-m", "--message", default="", help="message for the ref's history")
+
+    p = add_command(verbs, "log", cmd_log, "show a ref's history")
+    p.add_argument("name", metavar="NAME")
+
+    add_command(verbs, "fsck", cmd_fsck, "verify objects and refs (exit 1 on a problem)")
+
+    p = add_command(verbs, "gc", cmd_gc, "delete unreachable objects")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=86400.0,
+        metavar="SECONDS",
+        help="keep unreachable objects written this recently (default: one day)",
+    )
+    p.add_argument(
+        "--reflog-retention",
+        type=float,
+        default=30 * 86400.0,
+        metavar="SECONDS",
+        help="ids in ref histories younger than this stay reachable (default: 30 days)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+
+    p = add_command(verbs, "export", cmd_export, "write objects to a bundle file")
+    p.add_argument("roots", metavar="ROOT", nargs="+", help="id, id prefix or ref name")
+    p.add_argument("-o", "--output", required=True, metavar="FILE")
+    p.add_argument(
+        "--ref", action="append", default=[], metavar="NAME", help="also export this ref"
+    )
+
+    p = add_command(verbs, "import", cmd_import, "read a bundle file into the store")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument(
+        "--no-refs", dest="refs", action="store_false", help="import objects, leave refs alone"
+    )
+
+    p = add_command(verbs, "resolve", cmd_resolve, "print the full id of a prefix or ref")
+    p.add_argument("spec", metavar="PREFIX")

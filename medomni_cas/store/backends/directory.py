@@ -1,0 +1,451 @@
+"""A git-like folder of files: ``file://PATH``. Safe for several processes at once.
+
+Layout of ``PATH/``::
+
+    objects/ab/cdef…     one file per object, fan-out by the first two hex characters
+    refs/<name>          one file per ref; the name percent-encoded into one flat file name
+    refs/<name>.lock     held while a ref is updated (O_CREAT|O_EXCL; holds "pid host");
+                         broken when its holder's pid is dead on this host, or after
+                         LOCK_STALE_AFTER seconds when the holder cannot be checked
+    logs/<name>          the ref's history: 4-byte big-endian length + entry, appended
+    names/~<hash>        the full name of a ref whose encoded name is too long for a file
+
+Every file is written to a ``.tmp-*`` file in the same folder and renamed into place, so a
+killed writer leaves at most a temp file, which listings skip.
+
+A ref file holds two lines: the hex id (``-`` once deleted) and the length of the committed
+history. The rename of the ref file is the commit point of an update: history bytes past
+that length belong to a writer that died before committing, so readers ignore them and the
+next writer truncates them away. Deleted refs keep their file (a tombstone) so that the
+history stays reachable and its length known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import secrets
+import socket
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, quote, unquote
+
+import blake3
+
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+
+__all__ = [
+    "FRESHEN_AFTER",
+    "LOCK_STALE_AFTER",
+    "LOCK_TIMEOUT",
+    "DEAD_HOLDER_GRACE",
+    "DirectoryBackend",
+    "decode_ref_name",
+    "encode_ref_name",
+    "key_of",
+    "parse_log",
+    "split_key",
+]
+
+LOCK_TIMEOUT = 10.0
+LOCK_STALE_AFTER = 60.0
+DEAD_HOLDER_GRACE = 2.0
+TMP_PREFIX = ".tmp-"
+# File names are limited to 255 bytes on most filesystems; longer names are hashed.
+MAX_ENCODED_NAME = 200
+_LEN = struct.Struct(">I")
+_HEXDIGITS = frozenset("0123456789abcdef")
+_TOMBSTONE = "-"
+
+
+# -- names and keys --------------------------------------------------------------------------
+def split_key(key: bytes) -> tuple[str, str]:
+    """The fan-out folder and file name of an object id."""
+    h = key.hex()
+    return h[:2], h[2:]
+
+
+def key_of(folder: str, name: str) -> bytes | None:
+    """The id stored under ``folder/name``, or None for anything that is not an object."""
+    h = folder + name
+    if len(folder) != 2 or len(h) % 2 or not name or not _HEXDIGITS.issuperset(h):
+        return None
+    return bytes.fromhex(h)
+
+
+def encode_ref_name(name: str) -> str:
+    """A flat file name for a ref name: ``a`` and ``a/b`` must both fit in one folder.
+
+    Ref names never contain ``~``, and `quote` never produces it, so a leading ``~`` marks a
+    hashed name whose full form is stored separately.
+    """
+    quoted = quote(name, safe="")
+    if len(quoted) <= MAX_ENCODED_NAME:
+        return quoted
+    return "~" + blake3.blake3(name.encode()).hexdigest()[:40]
+
+
+def decode_ref_name(encoded: str) -> str | None:
+    """The ref name of a flat file name, or None when it is hashed (look it up)."""
+    return None if encoded.startswith("~") else unquote(encoded)
+
+
+def parse_log(data: bytes, end: int | None = None) -> list[bytes]:
+    """Length-prefixed entries of ``data[:end]``; a truncated trailing entry is ignored."""
+    view = memoryview(data)[:end]
+    out: list[bytes] = []
+    pos = 0
+    while pos + _LEN.size <= len(view):
+        (n,) = _LEN.unpack_from(view, pos)
+        if pos + _LEN.size + n > len(view):
+            break  # a writer died mid-append: not part of the history
+        out.append(bytes(view[pos + _LEN.size : pos + _LEN.size + n]))
+        pos += _LEN.size + n
+    return out
+
+
+# -- small file helpers -------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(target: Path, data: bytes, *, durable: bool) -> None:
+    """Write ``target`` whole or not at all: temp file in the same folder, then rename."""
+    tmp = target.parent / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+class _RefState:
+    """A ref file's content: the id (None when absent or deleted) and the history length."""
+
+    __slots__ = ("log_end", "value")
+
+    def __init__(self, value: bytes | None, log_end: int) -> None:
+        self.value = value
+        self.log_end = log_end
+
+    @classmethod
+    def parse(cls, text: str, where: Path) -> _RefState:
+        lines = text.split("\n")
+        try:
+            value = None if lines[0] == _TOMBSTONE else bytes.fromhex(lines[0])
+            log_end = int(lines[1]) if len(lines) > 1 and lines[1] else 0
+        except ValueError:
+            raise ValueError(f"{where}: not a ref file (expected hex id and log length)") from None
+        return cls(value, log_end)
+
+    def dump(self) -> bytes:
+        head = _TOMBSTONE if self.value is None else self.value.hex()
+        return f"{head}\n{self.log_end}\n".encode()
+
+
+class DirectoryBackend(Backend):
+    """Objects and refs as plain files under one folder (see the module docstring)."""
+
+    supports_atomic_refs = True
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, durable: bool = True, url: str | None = None
+    ) -> None:
+        # absolute, so that a later chdir does not move the store
+        self.path = Path(os.path.abspath(path))
+        self.url = url or f"file://{self.path}"
+        self.durable = durable
+        self._objects = self.path / "objects"
+        self._refs = self.path / "refs"
+        self._logs = self.path / "logs"
+        self._names = self.path / "names"
+        for d in (self._objects, self._refs, self._logs, self._names):
+            d.mkdir(parents=True, exist_ok=True)
+        self._host = socket.gethostname()
+
+    @classmethod
+    def from_url(cls, url: str) -> DirectoryBackend:
+        """``file:///abs/path`` or ``file://./rel``; ``?fsync=0`` trades durability for speed."""
+        rest = url.removeprefix("file://")
+        path, _, query = rest.partition("?")
+        if not path:
+            raise ValueError(f"file:// URL needs a path, e.g. file://./store: {url!r}")
+        options = parse_qs(query, keep_blank_values=True)
+        unknown = set(options) - {"fsync"}
+        if unknown:
+            raise ValueError(f"{url!r}: unknown option(s) {sorted(unknown)}; known: fsync")
+        fsync = options.get("fsync", ["1"])[-1]
+        if fsync not in ("0", "1", "true", "false"):
+            raise ValueError(f"{url!r}: fsync must be 0 or 1, got {fsync!r}")
+        return cls(os.path.expanduser(path), durable=fsync in ("1", "true"), url=url)
+
+    # -- objects -------------------------------------------------------------------------------
+    def _object_path(self, key: bytes) -> Path:
+        folder, name = split_key(key)
+        return self._objects / folder / name
+
+    # docstring inherited
+    def get(self, key: bytes) -> bytes:
+        try:
+            with open(self._object_path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise KeyError(key) from None
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        new = 0
+        written: set[Path] = set()
+        now = time.time()
+        for key, data in items:
+            target = self._object_path(key)
+            if self._freshen(target, now):
+                continue
+            _atomic_write(target, bytes(data), durable=self.durable)
+            written.add(target.parent)
+            new += 1
+        if self.durable:
+            for folder in written:
+                _fsync_dir(folder)
+        return new
+
+    @staticmethod
+    def _freshen(target: Path, now: float) -> bool:
+        """Whether ``target`` exists; refresh its mtime if it is older than `FRESHEN_AFTER`."""
+        try:
+            if now - target.stat().st_mtime > FRESHEN_AFTER:
+                os.utime(target)
+        except FileNotFoundError:
+            return False  # absent, or gc removed it between stat and utime: write it
+        return True
+
+    def contains(self, key: bytes) -> bool:
+        return self._object_path(key).is_file()
+
+    def _folders(self, hex_prefix: str) -> list[str]:
+        if len(hex_prefix) >= 2:
+            return [hex_prefix[:2]]
+        return sorted(
+            d for d in os.listdir(self._objects) if len(d) == 2 and d.startswith(hex_prefix)
+        )
+
+    def _scan(self, hex_prefix: str = "") -> Iterator[tuple[str, os.DirEntry[str]]]:
+        rest = hex_prefix[2:]
+        for folder in self._folders(hex_prefix):
+            try:
+                entries = sorted(os.scandir(self._objects / folder), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if entry.name.startswith(rest) and not entry.name.startswith(TMP_PREFIX):
+                    yield folder, entry
+
+    def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
+        for folder, entry in self._scan(hex_prefix):
+            key = key_of(folder, entry.name)
+            if key is not None:
+                yield key
+
+    def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
+        for folder, entry in self._scan():
+            key = key_of(folder, entry.name)
+            if key is None:
+                continue
+            try:
+                yield key, entry.stat().st_mtime
+            except FileNotFoundError:
+                continue  # deleted while we listed
+
+    def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
+        n = 0
+        for key in keys:
+            path = self._object_path(key)
+            try:
+                # a file system offers no transaction here: the window between this check
+                # and the unlink is what FRESHEN_AFTER and gc's grace period cover
+                if older_than is not None and path.stat().st_mtime >= older_than:
+                    continue
+                path.unlink()
+                n += 1
+            except FileNotFoundError:
+                pass
+        return n
+
+    # -- refs ----------------------------------------------------------------------------------
+    def _ref_file(self, encoded: str) -> Path:
+        return self._refs / encoded
+
+    def _read_state(self, encoded: str) -> _RefState:
+        path = self._ref_file(encoded)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return _RefState(None, 0)
+        return _RefState.parse(text, path)
+
+    def _name_of(self, encoded: str) -> str | None:
+        name = decode_ref_name(encoded)
+        if name is None:
+            with contextlib.suppress(FileNotFoundError):
+                name = (self._names / encoded).read_text()
+        return name
+
+    def ref_get(self, name: str) -> bytes | None:
+        return self._read_state(encode_ref_name(name)).value
+
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+        encoded = encode_ref_name(name)
+        with self._locked(name, encoded):
+            state = self._read_state(encoded)
+            if state.value != old:
+                return False
+            if encoded.startswith("~"):
+                _atomic_write(self._names / encoded, name.encode(), durable=self.durable)
+            log_end = self._append_log(encoded, state.log_end, entry)
+            new_state = _RefState(None if new is None else bytes(new), log_end)
+            _atomic_write(self._ref_file(encoded), new_state.dump(), durable=self.durable)
+            if self.durable:
+                _fsync_dir(self._refs)
+            return True
+
+    def _append_log(self, encoded: str, log_end: int, entry: bytes) -> int:
+        """Append ``entry`` after the committed history; return the new history length."""
+        record = _LEN.pack(len(entry)) + bytes(entry)
+        fd = os.open(self._logs / encoded, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            # bytes past log_end were written by a writer that died before committing
+            os.ftruncate(fd, log_end)
+            os.pwrite(fd, record, log_end)
+            if self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        return log_end + len(record)
+
+    @contextlib.contextmanager
+    def _locked(self, name: str, encoded: str) -> Iterator[None]:
+        lock = self._refs / f"{encoded}.lock"
+        fd = self._acquire(name, lock)
+        try:
+            os.write(fd, f"{os.getpid()} {self._host}\n".encode())
+            yield
+        finally:
+            mine = os.fstat(fd).st_ino
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                # only remove our own lock, not one that replaced it after ours was broken
+                if os.stat(lock).st_ino == mine:
+                    lock.unlink()
+
+    def _acquire(self, name: str, lock: Path) -> int:
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        delay = 0.0005
+        while True:
+            try:
+                return os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                pass
+            if self._break_if_stale(lock):
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"ref {name!r} stayed locked for {LOCK_TIMEOUT:.0f} s by {lock}; "
+                    "if no writer is running, delete that file"
+                )
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, 0.05)
+
+    def _break_if_stale(self, lock: Path) -> bool:
+        """Remove ``lock`` if its holder is gone; True when the lock may be free now.
+
+        A dead holder's half-done update needs no repair: it never renamed the ref file,
+        which is the commit point. The lock is renamed aside first so that of several
+        waiters that judge it stale only one removes it, and never a fresh lock.
+        """
+        try:
+            st = os.stat(lock)
+            holder = lock.read_text().split()
+        except FileNotFoundError:
+            return True
+        age = time.time() - st.st_mtime
+        if len(holder) >= 2 and holder[1] == self._host and holder[0].isdigit():
+            # a dead pid on this host cannot hold the lock; the short grace guards against
+            # a holder in another pid namespace that shares our host name
+            if _pid_alive(int(holder[0])) or age < DEAD_HOLDER_GRACE:
+                return False
+        elif age < LOCK_STALE_AFTER:
+            return False  # holder unknown (another host, or died before writing its pid)
+        aside = lock.parent / f"{TMP_PREFIX}broken-{secrets.token_hex(6)}"
+        try:
+            os.rename(lock, aside)
+        except FileNotFoundError:
+            return True
+        if os.stat(aside).st_ino != st.st_ino:
+            # a new holder's lock replaced the stale one meanwhile: put it back
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, lock)
+        aside.unlink()
+        return True
+
+    def _ref_files(self, prefix: str = "") -> list[tuple[str, str]]:
+        """``(name, encoded)`` of every ref file whose name starts with ``prefix``, sorted."""
+        out = []
+        for encoded in os.listdir(self._refs):
+            if encoded.startswith(TMP_PREFIX) or encoded.endswith(".lock"):
+                continue
+            name = self._name_of(encoded)
+            if name is not None and name.startswith(prefix):
+                out.append((name, encoded))
+        out.sort()
+        return out
+
+    def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        for name, encoded in self._ref_files(prefix):
+            value = self._read_state(encoded).value
+            if value is not None:
+                yield name, value
+
+    def ref_log(self, name: str) -> list[bytes]:
+        encoded = encode_ref_name(name)
+        # the ref file first: it says how much of the log is committed
+        end = self._read_state(encoded).log_end
+        if end == 0:
+            return []
+        try:
+            data = (self._logs / encoded).read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{self._logs / encoded}: history of ref {name!r} is missing"
+            ) from None
+        return parse_log(data, end)
+
+    def ref_log_names(self) -> Iterator[str]:
+        for name, encoded in self._ref_files():
+            if self._read_state(encoded).log_end > 0:
+                yield name

@@ -1,0 +1,134 @@
+"""Garbage collection: delete objects that nothing names and that are old enough to be garbage.
+
+Mark: everything reachable from every ref, and from every id named (old or new) in a ref's
+history within ``reflog_retention`` — so a ref moved or deleted by mistake can be restored.
+Sweep: an unreachable object is deleted only if its write time is older than the start of
+this run minus ``grace``. The start is read before anything is listed, so an object written
+while gc runs is never deleted; ``grace`` protects a writer that has put objects but not yet
+the ref that names them.
+
+Limits a writer must respect (as in git): an object is protected by its write time, so a
+writer that links to an object already in the store without putting it again relies on that
+object being reachable or younger than ``grace``. The LMDB backend refreshes a write time on
+a repeated put only when it is older than its ``FRESHEN_AFTER_MS`` (one hour), so a grace
+shorter than that is for tests and single-user stores only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from itertools import batched
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from medomni_cas.errors import InvalidObject, UnsupportedOperation
+from medomni_cas.store.ids import ObjectId
+
+if TYPE_CHECKING:
+    from medomni_cas.store.store import Progress, Store
+
+__all__ = ["MAX_SWEPT_IDS", "GcReport", "gc"]
+
+#: At most this many swept ids are listed in a report (the count is always exact).
+MAX_SWEPT_IDS = 1000
+_BATCH = 1024
+# Write times are stored coarsely (ms in LMDB, whole seconds on some filesystems and object
+# stores); an object written just after the start may carry a stamp slightly before it.
+_STAMP_SLACK = 2.0
+
+
+class GcReport(msgspec.Struct):
+    """What gc kept and deleted (or would delete, when ``dry_run``).
+
+    ``swept_ids`` lists the first `MAX_SWEPT_IDS` of them, as hex.
+    """
+
+    reachable: int
+    swept: int
+    kept_young: int
+    dry_run: bool
+    swept_ids: list[str]
+
+
+def _roots(store: Store, since: float) -> list[ObjectId]:
+    """Every ref's target, and every id in ref history entries written at or after ``since``."""
+    roots: dict[ObjectId, None] = {oid: None for _, oid in store.refs.items()}
+    for name in store.refs.logged_names():
+        try:
+            entries = store.refs.history(name)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            # Without the history we cannot know what it protects: refuse rather than guess.
+            raise InvalidObject(
+                f"{store.url}: the history of ref {name!r} cannot be read ({e}); gc refuses to run"
+            ) from None
+        for entry in entries:
+            if entry.time >= since:
+                for oid in (entry.old_id, entry.new_id):
+                    if oid is not None:
+                        roots[oid] = None
+    return list(roots)
+
+
+def gc(
+    store: Store,
+    *,
+    grace: float = 86400.0,
+    reflog_retention: float = 30 * 86400.0,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> GcReport:
+    """Delete unreachable objects written more than ``grace`` seconds before this run.
+
+    A missing reachable object does not stop gc; a corrupt or malformed one raises
+    `IntegrityError` or `InvalidObject` before anything is deleted (its links cannot be read,
+    so the mark would be incomplete). ``progress`` gets the number of objects marked, then
+    the number of objects listed.
+    """
+    backend = store.backend
+    if not backend.supports_deletes:
+        raise UnsupportedOperation(f"{store.url}: this backend cannot delete objects, so no gc")
+    if grace < 0:  # a cutoff after the start would sweep objects written during this run
+        raise ValueError(f"grace must be at least 0 seconds, got {grace}")
+    start = time.time()  # before any listing: whatever is written from now on is kept
+    cutoff = start - grace - _STAMP_SLACK
+
+    reachable: set[bytes] = set()
+    for oid, data in store.walk(
+        _roots(store, start - reflog_retention), allow_missing=True, progress=progress
+    ):
+        if data is not None:
+            reachable.add(oid)
+
+    swept = kept_young = listed = 0
+    swept_ids: list[str] = []
+
+    def candidates() -> Iterator[bytes]:
+        nonlocal kept_young, listed
+        for key, stamp in backend.iter_stamps():
+            listed += 1
+            if key in reachable:
+                continue
+            if stamp >= cutoff:
+                kept_young += 1
+                continue
+            yield key
+
+    for part in batched(candidates(), _BATCH):
+        n = len(part) if dry_run else backend.delete_many(part, older_than=cutoff)
+        swept += n
+        room = MAX_SWEPT_IDS - len(swept_ids)
+        if room > 0:
+            swept_ids.extend(bytes(k).hex() for k in part[:room])
+        if progress:
+            progress(listed)
+    if not dry_run:
+        backend.remove_orphans(cutoff)
+    return GcReport(
+        reachable=len(reachable),
+        swept=swept,
+        kept_young=kept_young,
+        dry_run=dry_run,
+        swept_ids=swept_ids,
+    )

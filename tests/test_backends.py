@@ -1,0 +1,364 @@
+"""Every built-in backend against the conformance suite, plus multi-process and crash tests.
+
+The S3 tests run against moto's S3 server on 127.0.0.1 with dummy credentials; nothing
+leaves this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import pytest
+
+import medomni_cas as mc
+from medomni_cas.errors import UnsupportedOperation
+from medomni_cas.store.backend import Backend
+from medomni_cas.store.backends import directory
+from medomni_cas.store.backends.directory import DirectoryBackend, encode_ref_name
+from medomni_cas.store.backends.fsspec import FsspecBackend
+from medomni_cas.store.backends.lmdb import LMDBBackend
+from medomni_cas.store.backends.memory import MemoryBackend
+from medomni_cas.store.url import open_backend
+from medomni_cas.testing import BackendTests, counter_key, increment
+
+BUCKET = "medomni-test"
+REPO = Path(__file__).resolve().parent.parent
+
+# A worker process: waits for the go file, then does N compare-and-swap increments.
+WORKER = """
+import sys, time
+from pathlib import Path
+from medomni_cas.store.url import open_backend
+from medomni_cas.testing import increment
+url, ref, n, ready, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+backend = open_backend(url)
+Path(ready).touch()
+while not Path(go).exists():
+    time.sleep(0.005)
+print(increment(backend, ref, n))
+"""
+
+
+# -- the conformance suite on every backend --------------------------------------------------
+class TestMemoryBackend(BackendTests):
+    def make_backend(self, tmp_path: Path) -> Backend:
+        return MemoryBackend()
+
+
+class TestLMDBBackend(BackendTests):
+    def make_backend(self, tmp_path: Path) -> Backend:
+        return LMDBBackend(tmp_path / "lmdb", durable=False)
+
+
+class TestDirectoryBackend(BackendTests):
+    def make_backend(self, tmp_path: Path) -> Backend:
+        return DirectoryBackend.from_url(f"file://{tmp_path}/dir?fsync=0")
+
+
+class TestDirectoryBackendDurable(BackendTests):
+    """With fsync on, as by default; fewer objects to keep it fast on slow disks."""
+
+    many = 200
+
+    def make_backend(self, tmp_path: Path) -> Backend:
+        return DirectoryBackend(tmp_path / "dir")
+
+
+class TestFsspecMemoryBackend(BackendTests):
+    """fsspec's in-memory filesystem: no conditional writes, so single-writer refs."""
+
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Iterator[Backend]:
+        root = f"/medomni-{uuid.uuid4().hex}"
+        b = FsspecBackend(f"fsspec+memory://{root}")
+        yield b
+        fs = fsspec.filesystem("memory")
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 with one bucket; dummy credentials in the environment."""
+    from moto.server import ThreadedMotoServer
+
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+            mp.delenv(var, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        mp.setenv("NO_PROXY", "127.0.0.1,localhost")  # never through a proxy
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            _, port = server.get_host_and_port()
+            endpoint = f"http://127.0.0.1:{port}"
+            mp.setenv("AWS_ENDPOINT_URL", endpoint)
+            fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True).mkdir(BUCKET)
+            yield endpoint
+        finally:
+            server.stop()
+
+
+def s3_url(endpoint: str) -> str:
+    return f"s3://{BUCKET}/{uuid.uuid4().hex}?endpoint_url={endpoint}"
+
+
+class TestS3Backend(BackendTests):
+    """s3fs against moto's S3 server: conditional writes, so multi-writer refs."""
+
+    # moto serves from this process, a few ms a request: fewer objects and increments
+    many = 300
+    increments_per_thread = 3
+
+    @pytest.fixture
+    def backend(self, s3_endpoint: str) -> Iterator[Backend]:
+        b = FsspecBackend(s3_url(s3_endpoint))
+        assert b.supports_atomic_refs
+        yield b
+
+
+# -- URLs ------------------------------------------------------------------------------------
+def test_file_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = open_backend(f"file://{tmp_path}/abs")
+    assert isinstance(b, DirectoryBackend) and b.durable and b.path == tmp_path / "abs"
+    monkeypatch.chdir(tmp_path)
+    rel = open_backend("file://./rel?fsync=0")
+    assert isinstance(rel, DirectoryBackend) and not rel.durable
+    assert (tmp_path / "rel" / "objects").is_dir()
+    with pytest.raises(ValueError, match="unknown option"):
+        open_backend("file://./x?sync=0")
+    with pytest.raises(ValueError, match="needs a path"):
+        open_backend("file://")
+
+
+def test_fsspec_urls(s3_endpoint: str) -> None:
+    mem = open_backend(f"fsspec+memory://m-{uuid.uuid4().hex}/x")
+    assert isinstance(mem, FsspecBackend) and not mem.supports_atomic_refs
+    s3 = open_backend(f"s3://{BUCKET}/p")  # endpoint from AWS_ENDPOINT_URL
+    assert isinstance(s3, FsspecBackend) and s3.supports_atomic_refs
+    assert s3.fs.endpoint_url == s3_endpoint
+    off = open_backend(f"s3://{BUCKET}/p?conditional_writes=0")
+    assert not off.supports_atomic_refs
+    with pytest.raises(ValueError, match="unknown option"):
+        open_backend(f"s3://{BUCKET}/p?region=x")
+
+
+def test_store_refuses_multi_writer_refs_without_conditional_writes() -> None:
+    url = f"fsspec+memory://m-{uuid.uuid4().hex}/x"
+    store = mc.open(url)
+    oid = store.put_blob(b"x")
+    with pytest.raises(UnsupportedOperation):
+        store.refs.set("main", oid, expected=None)
+    single = mc.open(url, single_writer=True)
+    single.refs.set("main", oid, expected=None)
+    assert single.refs["main"] == oid
+
+
+# -- several processes ---------------------------------------------------------------------------
+def run_workers(url: str, tmp_path: Path, processes: int, each: int, env: dict[str, str]) -> None:
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(processes)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, url, "counter", str(each), str(r), str(go)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for r in ready
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while not all(r.exists() for r in ready):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.01)
+        go.touch()  # all start together, so that they contend
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err.decode()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def check_counter(backend: Backend, total: int) -> None:
+    value = backend.ref_get("counter")
+    assert value is not None
+    assert backend.get(value) == b"%d" % total
+    assert backend.ref_log("counter") == [b"%d->%d" % (i, i + 1) for i in range(total)]
+
+
+def test_directory_processes_lose_no_update(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store"
+    run_workers(url, tmp_path, processes=4, each=25, env=dict(os.environ))
+    check_counter(open_backend(url), 100)
+
+
+def test_s3_processes_lose_no_update(s3_endpoint: str, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex}"  # the workers find the endpoint in the env
+    run_workers(url, tmp_path, processes=4, each=10, env=dict(os.environ))
+    check_counter(open_backend(url), 40)
+
+
+# -- killed writers: directory ---------------------------------------------------------------
+@pytest.fixture
+def folder(tmp_path: Path) -> DirectoryBackend:
+    return DirectoryBackend(tmp_path / "dir", durable=False)
+
+
+def test_temp_files_are_never_objects_or_refs(folder: DirectoryBackend) -> None:
+    k = counter_key(1)
+    folder.put(k, b"1")
+    fan = folder.path / "objects" / k.hex()[:2]
+    (fan / ".tmp-123-abcdef").write_bytes(b"half an obj")
+    (folder.path / "objects" / ".tmp-99").write_bytes(b"")
+    (folder.path / "refs" / ".tmp-123-abcdef").write_text(k.hex() + "\n0\n")
+    assert list(folder.iter_keys()) == [k]
+    assert list(folder.iter_keys(k.hex()[:2])) == [k]
+    assert [key for key, _ in folder.iter_stamps()] == [k]
+    assert list(folder.ref_iter()) == []
+    assert list(folder.ref_log_names()) == []
+
+
+def test_uncommitted_log_tail_is_ignored_then_replaced(folder: DirectoryBackend) -> None:
+    a, b, c = counter_key(1), counter_key(2), counter_key(3)
+    assert folder.ref_update("r", None, a, b"first")
+    log = folder.path / "logs" / "r"
+    # a writer killed after appending a whole entry, before renaming the ref: not committed
+    with log.open("ab") as f:
+        f.write(b"\x00\x00\x00\x05ghost")
+        f.write(b"\x00\x00\x01\x00trunc")  # and one killed mid-append
+    assert folder.ref_log("r") == [b"first"]
+    assert folder.ref_get("r") == a
+    assert folder.ref_update("r", a, b, b"second")
+    assert folder.ref_update("r", b, c, b"third")
+    assert folder.ref_log("r") == [b"first", b"second", b"third"]
+    assert log.stat().st_size == 3 * 4 + len(b"firstsecondthird")
+
+
+def test_truncated_log_entry_does_not_crash(folder: DirectoryBackend) -> None:
+    assert directory.parse_log(b"\x00\x00\x00\x02ok\x00\x00\x00\x09abc") == [b"ok"]
+    assert directory.parse_log(b"\x00\x00") == []
+    assert directory.parse_log(b"\x00\x00\x00\x02ok\x00\x00\x00\x02no", end=6) == [b"ok"]
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_lock_of_dead_writer_is_broken(folder: DirectoryBackend) -> None:
+    a = counter_key(1)
+    lock = folder.path / "refs" / f"{encode_ref_name('r')}.lock"
+    lock.write_text(f"{dead_pid()} {folder._host}\n")
+    old = time.time() - directory.DEAD_HOLDER_GRACE - 1
+    os.utime(lock, (old, old))
+    assert folder.ref_update("r", None, a, b"after a crash")
+    assert folder.ref_get("r") == a
+    assert not lock.exists()
+    assert not [p for p in lock.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_lock_of_live_writer_is_respected(
+    folder: DirectoryBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(directory, "LOCK_TIMEOUT", 0.2)
+    lock = folder.path / "refs" / f"{encode_ref_name('r')}.lock"
+    lock.write_text(f"{os.getpid()} {folder._host}\n")  # alive: this very process
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    with pytest.raises(TimeoutError, match="stayed locked"):
+        folder.ref_update("r", None, counter_key(1), b"")
+    assert lock.exists()
+
+
+def test_lock_of_unknown_holder_is_broken_when_old(
+    folder: DirectoryBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(directory, "LOCK_TIMEOUT", 0.2)
+    lock = folder.path / "refs" / f"{encode_ref_name('r')}.lock"
+    lock.write_text("")  # died between creating the lock and writing its pid
+    with pytest.raises(TimeoutError):
+        folder.ref_update("r", None, counter_key(1), b"")
+    old = time.time() - directory.LOCK_STALE_AFTER - 1
+    os.utime(lock, (old, old))
+    assert folder.ref_update("r", None, counter_key(1), b"")
+
+
+def test_killed_writer_process(tmp_path: Path) -> None:
+    """SIGKILL a writer mid-stream; the store stays consistent and others carry on."""
+    url = f"file://{tmp_path}/store"
+    backend = open_backend(url)
+    go = tmp_path / "go"
+    go.touch()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, url, "counter", "100000", str(tmp_path / "r"), str(go)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(backend.ref_log("counter")) < 30 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    value = backend.ref_get("counter")
+    assert value is not None
+    n = int(backend.get(value))
+    assert n >= 30
+    check_counter(backend, n)
+    assert increment(backend, "counter", 5) == 0
+    check_counter(backend, n + 5)
+
+
+# -- killed writers: fsspec ---------------------------------------------------------------------
+@pytest.fixture(params=["memory", "s3"])
+def fsspec_backend(request: pytest.FixtureRequest) -> FsspecBackend:
+    if request.param == "memory":
+        return FsspecBackend(f"fsspec+memory://m-{uuid.uuid4().hex}/x")
+    return FsspecBackend(s3_url(request.getfixturevalue("s3_endpoint")))
+
+
+def test_decided_update_is_rolled_forward(fsspec_backend: FsspecBackend) -> None:
+    """A writer killed after claiming update seq+1, before moving the ref, loses nothing."""
+    b = fsspec_backend
+    a, dead, c = counter_key(1), counter_key(2), counter_key(3)
+    assert b.ref_update("r", None, a, b"first")
+    # what the dead writer left: update 2 decided in the log, the ref still at update 1
+    b.fs.pipe_file(b._log_path("r", 2), dead.hex().encode() + b"\ndead writer")
+    assert b.ref_get("r") == a
+    assert b.ref_log("r") == [b"first", b"dead writer"]
+    # a writer still expecting `a` loses: the decided update comes first
+    assert not b.ref_update("r", a, c, b"stale")
+    assert b.ref_get("r") == dead
+    assert b.ref_update("r", dead, c, b"third")
+    assert b.ref_log("r") == [b"first", b"dead writer", b"third"]
+
+
+def test_s3_conditional_writes_are_enforced(s3_endpoint: str) -> None:
+    """moto enforces If-None-Match and If-Match; else the thread tests prove nothing."""
+    b = FsspecBackend(s3_url(s3_endpoint))
+    path = b._path("probe")
+    assert b._create(path, b"1")
+    assert not b._create(path, b"2")
+    data, etag = b._read_versioned(path)
+    assert data == b"1" and etag
+    assert b._replace(path, b"3", etag)
+    assert not b._replace(path, b"4", etag)  # stale ETag
+    assert b._read_versioned(path)[0] == b"3"

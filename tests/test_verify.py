@@ -1,0 +1,213 @@
+"""fsck and verify_closure: every damaged byte is found, named, and never raised."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import msgspec
+import pytest
+
+import medomni_cas as mc
+from medomni_cas.store.backends.lmdb import LMDBBackend
+from medomni_cas.store.backends.memory import MemoryBackend
+from medomni_cas.store.blobs import blob_object
+from medomni_cas.store.ids import ObjectId, hash_bytes
+from medomni_cas.store.verify import FsckReport, Problem, fsck, verify_closure
+from tests.conftest import store_url
+
+
+def build(store: mc.Store, tag: str = "", *, leaves: int = 30) -> tuple[ObjectId, list[ObjectId]]:
+    """A root tree over subtrees of blobs and a record with links; returns root and leaves."""
+    blobs = [store.put_blob(f"{tag} leaf {i}".encode()) for i in range(leaves)]
+    subtrees = [
+        store.put_tree({f"f{j}": b for j, b in enumerate(blobs[i : i + 5])})
+        for i in range(0, leaves, 5)
+    ]
+    note = store.put_object("test-verify-note", 1, {"text": tag, "see": subtrees[:2]})
+    root = store.put_tree({**{f"d{i}": t for i, t in enumerate(subtrees)}, "note": note})
+    return root, blobs
+
+
+def _tamper(store: mc.Store, key: bytes, data: bytes) -> None:
+    """Replace the stored bytes of ``key`` behind the store's back (no API can)."""
+    b = store.backend
+    if isinstance(b, MemoryBackend):
+        b._objects[key] = (b._objects[key][0], data)
+    elif isinstance(b, LMDBBackend):
+        with b.env.begin(write=True) as txn:
+            value = txn.get(key, db=b._objects)
+            if value[0] == 0:  # inline: keep the 9-byte header (flag, write time)
+                txn.put(key, bytes(value[:9]) + data, db=b._objects)
+            else:
+                b._file(key).write_bytes(data)
+    elif hasattr(b, "_object_path"):  # the directory backend: one file per object
+        b._object_path(key).write_bytes(data)
+    else:
+        pytest.skip(f"no way to tamper with {type(b).__name__}")
+
+
+def _flip(data: bytes, bit: int) -> bytes:
+    out = bytearray(data)
+    out[bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def test_clean_store(store: mc.Store) -> None:
+    root, _ = build(store, "a")
+    other, _ = build(store, "b")
+    store.refs.set("main", root)
+    store.refs.set("other/x", other)
+    report = fsck(store)
+    assert report == FsckReport(ok=True, objects=len(list(store.iter_ids())), refs=2, problems=[])
+    assert msgspec.json.decode(msgspec.json.encode(report), type=FsckReport) == report
+
+
+@pytest.mark.parametrize("kind", ["memory", "lmdb", "file"])
+def test_every_single_bit_flip_is_found(kind: str, tmp_path: os.PathLike[str]) -> None:
+    store = mc.open(store_url(kind, tmp_path))
+    try:
+        root, _ = build(store, "flip", leaves=20)
+        big = store.put_blob(random.Random(1).randbytes(2 * 1024 * 1024 + 17))  # chunks on disk
+        store.refs.set("main", store.put_tree({"data": root, "big": big}))
+        stray = store.put_blob(b"reachable from nothing")
+        keys = sorted(store.backend.iter_keys())
+        rng = random.Random(20240611)
+        for _ in range(200):
+            key = rng.choice(keys)
+            good = store.backend.get(key)
+            _tamper(store, key, _flip(good, rng.randrange(len(good) * 8)))
+            report = fsck(store)
+            hex_id = key.hex()
+            assert not report.ok
+            assert [(p.kind, p.id) for p in report.problems] == [("corrupt", hex_id)]
+            assert hex_id in report.problems[0].message
+            assert report.problems[0].ref == ("" if key == stray else "main")
+            with pytest.raises(mc.IntegrityError) as e:
+                store.get_raw(ObjectId(key))
+            assert e.value.expected == hex_id and hex_id in str(e.value)
+            _tamper(store, key, good)
+        assert fsck(store).ok
+    finally:
+        store.close()
+
+
+def test_missing_linked_object_names_parent_and_ref(store: mc.Store) -> None:
+    root, blobs = build(store, "m")
+    store.refs.set("tasksets/a/b", root)
+    parent = store.put_tree({"only": blobs[7]})
+    store.refs.set("second", parent)
+    assert store.backend.delete_many([blobs[7]]) == 1
+    report = fsck(store)
+    assert [(p.kind, p.id) for p in report.problems] == [("missing", blobs[7].hex())]
+    problem = report.problems[0]
+    # reached first from the first ref in name order, through the subtree that holds it
+    assert problem.ref == "second"
+    assert parent.hex() in problem.message and "second" in problem.message
+
+
+def test_dangling_refs(store: mc.Store) -> None:
+    root, _ = build(store, "d")
+    store.refs.set("a", root)
+    store.refs.set("b", root)
+    store.backend.delete_many([root])
+    report = fsck(store)
+    assert sorted((p.kind, p.id, p.ref) for p in report.problems) == [
+        ("dangling-ref", "a", "a"),
+        ("dangling-ref", "b", "b"),
+    ]
+    assert root.hex() in report.problems[0].message
+    # its children are still there and still checked
+    assert report.objects == len(list(store.iter_ids()))
+
+
+def test_malformed_objects(store: mc.Store) -> None:
+    good, _ = build(store, "g")
+    store.refs.set("main", good)
+    # a map with unsorted keys: valid msgpack, but not what our encoder writes
+    unsorted = msgspec.msgpack.encode(["test-verify-note", 1, {"z": 1, "a": 2}])
+    garbage = b"\xc1 not msgpack at all"
+    bad = {hash_bytes(unsorted): unsorted, hash_bytes(garbage): garbage}
+    store.backend.put_many(bad.items())  # below the Store, which would refuse them
+    holder = store.put_tree({"x": hash_bytes(unsorted)})
+    store.refs.set("holder", holder)
+    report = fsck(store)
+    found = {p.id: p for p in report.problems}
+    assert set(found) == {k.hex() for k in bad}
+    assert {p.kind for p in found.values()} == {"malformed"}
+    assert "canonical" in found[hash_bytes(unsorted).hex()].message
+    assert found[hash_bytes(unsorted).hex()].ref == "holder"
+    assert found[hash_bytes(garbage).hex()].ref == ""
+
+
+def test_many_problems_at_once_never_raise(tmp_path: os.PathLike[str]) -> None:
+    store = mc.open("memory://")
+    root, blobs = build(store, "many")
+    store.refs.set("main", root)
+    store.refs.set("gone", store.put_blob(b"soon gone"))
+    store.backend.delete_many([store.refs["gone"], blobs[0]])
+    _tamper(store, blobs[1], b"tampered")
+    _tamper(store, blobs[2], blob_object(b"another blob")[1])
+    report = fsck(store)
+    assert sorted((p.kind, p.id) for p in report.problems) == sorted(
+        [
+            ("dangling-ref", "gone"),
+            ("missing", blobs[0].hex()),
+            ("corrupt", blobs[1].hex()),
+            ("corrupt", blobs[2].hex()),
+        ]
+    )
+    assert all(p.ref == "main" for p in report.problems if p.kind != "dangling-ref")
+
+
+def test_verify_closure_is_restricted_to_its_roots(store: mc.Store) -> None:
+    a, _ = build(store, "a")
+    b, b_leaves = build(store, "b")
+    store.backend.delete_many([b_leaves[3]])
+    report = verify_closure(store, [a])
+    assert report.ok and report.refs == 0
+    assert report.objects == len(store.closure(a))
+    report = verify_closure(store, [str(b)])
+    assert [(p.kind, p.id, p.ref) for p in report.problems] == [("missing", b_leaves[3].hex(), "")]
+    absent = ObjectId(b"\x05" * 32)
+    report = verify_closure(store, [absent])
+    assert report.problems == [Problem("missing", absent.hex(), f"root object {absent} is missing")]
+
+
+def test_verify_closure_finds_corruption_inside_only() -> None:
+    store = mc.open("memory://")
+    a, _ = build(store, "a")
+    b, b_leaves = build(store, "b")
+    _tamper(store, b_leaves[0], b"bad")
+    assert verify_closure(store, [a]).ok
+    assert [p.id for p in verify_closure(store, [a, b]).problems] == [b_leaves[0].hex()]
+    assert [p.id for p in fsck(store).problems] == [b_leaves[0].hex()]
+
+
+def test_lmdb_large_object_file_lost(tmp_path: os.PathLike[str]) -> None:
+    store = mc.open(store_url("lmdb", tmp_path))
+    try:
+        big = store.put_blob(random.Random(2).randbytes(3 * 1024 * 1024))
+        chunks = store.get(big).chunks
+        store.refs.set("main", big)
+        stray = store.put_blob(random.Random(3).randbytes(300 * 1024))  # one large object
+        backend = store.backend
+        assert isinstance(backend, LMDBBackend)
+        backend._file(chunks[1]).unlink()
+        backend._file(stray).unlink()
+        report = fsck(store)
+        found = {p.id: p for p in report.problems}
+        assert set(found) == {chunks[1].hex(), stray.hex()}
+        assert all(p.kind == "missing" for p in found.values())
+        assert big.hex() in found[chunks[1].hex()].message
+        assert "cannot be read" in found[stray.hex()].message
+    finally:
+        store.close()
+
+
+def test_progress_counts_objects(store: mc.Store) -> None:
+    root, _ = build(store, "p")
+    store.refs.set("main", root)
+    seen: list[int] = []
+    report = fsck(store, progress=seen.append)
+    assert seen and seen == sorted(seen) and seen[-1] == report.objects
