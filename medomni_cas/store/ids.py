@@ -8,7 +8,7 @@ import blake3
 
 from medomni_cas.errors import InvalidId
 
-__all__ = ["ID_SIZE", "MIN_PREFIX", "ObjectId", "hash_bytes", "parse_id"]
+__all__ = ["ID_SIZE", "MIN_PREFIX", "ObjectId", "hash_bytes", "id_from_digest", "parse_id"]
 
 ID_SIZE = 32
 MIN_PREFIX = 8
@@ -44,6 +44,11 @@ class ObjectId(bytes):
     @property
     def short(self) -> str:
         return self.hex()[:12]
+
+
+def id_from_digest(digest: bytes) -> ObjectId:
+    """An id from a fresh 32-byte BLAKE3 digest, skipping the length check (hot paths)."""
+    return bytes.__new__(ObjectId, digest)
 
 
 def hash_bytes(*parts: bytes | memoryview) -> ObjectId:

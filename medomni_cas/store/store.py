@@ -24,7 +24,14 @@ from medomni_cas.store import encoding
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.blobs import BlobReader, put_blob
 from medomni_cas.store.encoding import BLOB, TREE, Record
-from medomni_cas.store.ids import MIN_PREFIX, ObjectId, check_prefix, hash_bytes, parse_id
+from medomni_cas.store.ids import (
+    MIN_PREFIX,
+    ObjectId,
+    check_prefix,
+    hash_bytes,
+    id_from_digest,
+    parse_id,
+)
 from medomni_cas.store.objects import Tree, UnknownObject
 from medomni_cas.store.refs import Refs, check_ref_name
 
@@ -33,6 +40,10 @@ __all__ = ["Progress", "Store"]
 R = TypeVar("R", bound=Record)
 Progress = Callable[[int], None]
 _BATCH = 1024
+# An LMDB commit costs the pages it dirties, so one large write batch is far cheaper per
+# record than many small ones; bounded in bytes too, so large records keep memory bounded.
+_PUT_ITEMS = 16_384
+_PUT_BYTES = 16 << 20
 
 
 def _as_id(value: ObjectId | str | bytes) -> ObjectId:
@@ -80,14 +91,17 @@ class Store:
         """Store records in batches; return their ids in order."""
         out: list[ObjectId] = []
         batch: list[tuple[ObjectId, bytes]] = []
-        enc = encoding.encode
+        nbytes = 0
+        enc, hasher = encoding.encode, blake3.blake3
         for record in records:
             data = enc(record)
-            batch.append((ObjectId(blake3.blake3(data).digest()), data))
-            if len(batch) >= _BATCH:
+            batch.append((id_from_digest(hasher(data).digest()), data))
+            nbytes += len(data)
+            if len(batch) >= _PUT_ITEMS or nbytes >= _PUT_BYTES:
                 self.backend.put_many(batch)
                 out.extend(k for k, _ in batch)
                 batch = []
+                nbytes = 0
                 if progress:
                     progress(len(out))
         if batch:
@@ -177,7 +191,7 @@ class Store:
                 got = blake3.blake3(data).digest()
                 if got != key:
                     raise IntegrityError(bytes(key).hex(), got.hex(), self.url)
-                yield ObjectId(key), data
+                yield (key if type(key) is ObjectId else id_from_digest(key)), data
 
     @overload
     def get(self, oid: ObjectId | str, cls: type[R]) -> R: ...

@@ -104,11 +104,12 @@ class LMDBBackend(Backend):
         raise RuntimeError(f"{self.url}: LMDB map could not be grown")
 
     def _read(self) -> lmdb.Transaction:
-        try:
-            return self.env.begin(buffers=True)
-        except lmdb.MapResizedError:
-            self.env.set_mapsize(0)
-            return self.env.begin(buffers=True)
+        for _ in range(64):
+            try:
+                return self.env.begin(buffers=True)
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)  # another process grew the map (maybe again)
+        raise RuntimeError(f"{self.url}: LMDB map keeps being resized by another process")
 
     def _file(self, key: bytes) -> Path:
         h = key.hex()

@@ -1,0 +1,1 @@
+"""Studio: the files users write (datasets, templates, cohorts, labels, benchmarks, task sets)."""

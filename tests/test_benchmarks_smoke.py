@@ -1,0 +1,30 @@
+"""The performance benchmark still runs: ``python -m benchmarks_perf store --quick``.
+
+Timing is not asserted (it depends on the machine); only that every suite runs to the end
+and prints its table.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_store_benchmark_quick_prints_a_table() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks_perf", "store", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("$ ") and "benchmarks_perf store --quick" in out.splitlines()[0]
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| benchmark ")
+    for name in ("records: Store.put_many", "blob: put_blob", "objects: lmdb put_many"):
+        assert any(name in row for row in rows), f"no row for {name!r}"
