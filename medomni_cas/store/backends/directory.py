@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, quote, unquote
 import blake3
 
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.backends._files import TMP_PREFIX, FileWriter, atomic_write, fsync_dir
 
 __all__ = [
     "FRESHEN_AFTER",
@@ -53,7 +54,6 @@ __all__ = [
 LOCK_TIMEOUT = 10.0
 LOCK_STALE_AFTER = 60.0
 DEAD_HOLDER_GRACE = 2.0
-TMP_PREFIX = ".tmp-"
 # File names are limited to 255 bytes on most filesystems; longer names are hashed.
 MAX_ENCODED_NAME = 200
 _LEN = struct.Struct(">I")
@@ -108,34 +108,6 @@ def parse_log(data: bytes, end: int | None = None) -> list[bytes]:
 
 
 # -- small file helpers -------------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(target: Path, data: bytes, *, durable: bool) -> None:
-    """Write ``target`` whole or not at all: temp file in the same folder, then rename."""
-    tmp = target.parent / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileNotFoundError:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -182,6 +154,7 @@ class DirectoryBackend(Backend):
         self.path = Path(os.path.abspath(path))
         self.url = url or f"file://{self.path}"
         self.durable = durable
+        self._writer = FileWriter(durable=durable)
         self._objects = self.path / "objects"
         self._refs = self.path / "refs"
         self._logs = self.path / "logs"
@@ -220,20 +193,14 @@ class DirectoryBackend(Backend):
             raise KeyError(key) from None
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
-        new = 0
-        written: set[Path] = set()
         now = time.time()
+        todo: dict[Path, bytes] = {}
         for key, data in items:
             target = self._object_path(key)
-            if self._freshen(target, now):
-                continue
-            _atomic_write(target, bytes(data), durable=self.durable)
-            written.add(target.parent)
-            new += 1
-        if self.durable:
-            for folder in written:
-                _fsync_dir(folder)
-        return new
+            if target not in todo and not self._freshen(target, now):
+                todo[target] = data
+        self._writer.write(todo.items())
+        return len(todo)
 
     @staticmethod
     def _freshen(target: Path, now: float) -> bool:
@@ -326,12 +293,12 @@ class DirectoryBackend(Backend):
             if state.value != old:
                 return False
             if encoded.startswith("~"):
-                _atomic_write(self._names / encoded, name.encode(), durable=self.durable)
+                atomic_write(self._names / encoded, name.encode(), durable=self.durable)
             log_end = self._append_log(encoded, state.log_end, entry)
             new_state = _RefState(None if new is None else bytes(new), log_end)
-            _atomic_write(self._ref_file(encoded), new_state.dump(), durable=self.durable)
+            atomic_write(self._ref_file(encoded), new_state.dump(), durable=self.durable)
             if self.durable:
-                _fsync_dir(self._refs)
+                fsync_dir(self._refs)
             return True
 
     def _append_log(self, encoded: str, log_end: int, entry: bytes) -> int:
@@ -449,3 +416,6 @@ class DirectoryBackend(Backend):
         for name, encoded in self._ref_files():
             if self._read_state(encoded).log_end > 0:
                 yield name
+
+    def close(self) -> None:
+        self._writer.close()

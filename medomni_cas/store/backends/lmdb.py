@@ -18,16 +18,15 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 import lmdb
 
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.backends._files import TMP_PREFIX, FileWriter
 
 __all__ = ["LARGE_OBJECT", "LMDBBackend"]
 
@@ -37,17 +36,6 @@ _INLINE, _FILE = 0, 1
 FRESHEN_AFTER_MS = int(FRESHEN_AFTER * 1000)
 _INITIAL_MAP = 1 << 30
 T = TypeVar("T")
-
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _fsync_pool() -> ThreadPoolExecutor:
-    """Threads for fsyncing a batch of chunk files at once, made on first use."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(8, thread_name_prefix="medomni-fsync")
-    return _POOL
 
 
 def _now_ms() -> int:
@@ -66,6 +54,7 @@ class LMDBBackend(Backend):
         self.path = Path(path)
         self.url = url or f"lmdb://{self.path}"
         self.durable = durable
+        self._writer = FileWriter(durable=durable)
         self.path.mkdir(parents=True, exist_ok=True)
         self._large = self.path / "large"
         existing = self.path / "data.mdb"
@@ -116,42 +105,8 @@ class LMDBBackend(Backend):
         return self._large / h[:2] / h[2:]
 
     def _write_files(self, items: list[tuple[bytes, bytes]]) -> None:
-        """Write large objects to their files, durably, before any marker is committed.
-
-        All files of the batch are written first and then fsynced together, in threads
-        (fsync releases the GIL), so the disk flushes them as one batch rather than one
-        flush per chunk; then renamed into place, and their folders fsynced so that the
-        renames too survive a crash before the LMDB markers are committed.
-        """
-        pending: list[tuple[int, str, Path]] = []  # (open fd or -1, temp path, target)
-        try:
-            for key, data in items:
-                target = self._file(key)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-                pending.append((fd, tmp, target))
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            if self.durable:
-                list(_fsync_pool().map(os.fsync, [fd for fd, _, _ in pending]))
-            for i, (fd, tmp, target) in enumerate(pending):
-                os.close(fd)
-                pending[i] = (-1, tmp, target)
-                os.replace(tmp, target)
-            if self.durable:
-                for folder in {target.parent for _, _, target in pending}:
-                    dfd = os.open(folder, os.O_RDONLY)
-                    try:
-                        os.fsync(dfd)
-                    finally:
-                        os.close(dfd)
-        except BaseException:
-            for fd, tmp, _ in pending:
-                if fd >= 0:
-                    os.close(fd)
-                Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write large objects to their files, durably, before any marker is committed."""
+        self._writer.write((self._file(key), data) for key, data in items)
 
     # -- objects -------------------------------------------------------------------------------
     # docstring inherited
@@ -288,7 +243,7 @@ class LMDBBackend(Backend):
             if not sub.is_dir():
                 continue
             for f in sub.iterdir():
-                if f.name.startswith(".tmp-"):
+                if f.name.startswith(TMP_PREFIX):
                     candidates.append((f, None))
                 else:
                     try:
@@ -381,4 +336,5 @@ class LMDBBackend(Backend):
         return iter(names)
 
     def close(self) -> None:
+        self._writer.close()
         self.env.close()
