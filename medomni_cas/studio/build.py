@@ -1,0 +1,364 @@
+"""Build (builder ``medomni-v1``): template + cohort + dataset -> content, answers, atom tasks.
+
+For a pair ``<template>@<cohort>`` and each arm (and rung), Build writes
+
+* a `BuildConfig` (its id is the config hash; it holds definitions, no patient data),
+* the `Content`: per patient, an evidence tree of the whole record strictly before the
+  prediction time minus every target's guards (see `medomni_cas.studio.evidence`),
+* an `AnswerKey`, linked only from the `BuildResult`,
+* one `AtomTask` per patient, and the `BuildResult` tying them together.
+
+The same inputs give the same ids anywhere. Two refs make rebuilds cheap and versions checked:
+``studio/builds/<config>/<data digest>`` -> result (a hit skips rendering and writes nothing),
+and ``studio/pairs/<pair>/<arm>[.<variant>]`` -> the last result, whose config the next build
+is compared with (`VersionError`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+import msgspec
+import pyarrow as pa
+
+from medomni_cas.store import encoding
+from medomni_cas.store.ids import ObjectId, hash_bytes
+from medomni_cas.store.store import Store
+from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build
+from medomni_cas.studio.evidence import BuildError, Selection, evidence_files, select_cohort
+from medomni_cas.studio.labels import read_table
+from medomni_cas.studio.records import (
+    COMPARABILITY,
+    AnswerKey,
+    AtomEnvironment,
+    AtomTask,
+    BuildConfig,
+    BuildResult,
+    Content,
+    FormatCheck,
+    TargetShape,
+)
+from medomni_cas.studio.schema import (
+    LADDER_ARM,
+    Dataset,
+    SpecError,
+    TemplateFolder,
+    Version,
+    find_template,
+    load_template,
+)
+
+__all__ = [
+    "BUILDER_VERSION",
+    "MEDOMNI_RELEASE",
+    "BuildError",
+    "Built",
+    "VersionError",
+    "build_pair",
+    "config_for",
+]
+
+BUILDER_VERSION = "1.0.0"
+MEDOMNI_RELEASE = "0.3.0"  # the MedOmni spec release this builder implements
+ENCODER_ARMS = ("encoders", "no-perception", "encoders-required")
+Progress = Callable[[str], None]
+_SORTED = msgspec.json.Encoder(order="sorted")
+
+
+class VersionError(BuildError):
+    """A pair's config changed without the version rise it needs."""
+
+    def __init__(self, pair: str, field: str, old: str, new: str, needed: str) -> None:
+        self.pair, self.field, self.old, self.new, self.needed = pair, field, old, new, needed
+        what = "results stop being comparable" if needed.endswith(".0") else "the task changed"
+        super().__init__(
+            f"{pair}: {field} changed since the build at version {old} ({what}); "
+            f'set version: "{needed}" (or higher) in its cohort file, not {new!r}'
+        )
+
+
+@dataclass(frozen=True)
+class Built:
+    """One arm (and variant) of a built pair."""
+
+    pair: str
+    arm: str
+    variant: str
+    result: ObjectId
+    config: ObjectId
+    cached: bool  # True: found by the rebuild cache, nothing rendered or written
+
+
+def _id_of(record: Any) -> ObjectId:
+    return hash_bytes(encoding.encode(record))
+
+
+# -- config ---------------------------------------------------------------------------------
+def _builtins(value: Any) -> Any:
+    return msgspec.to_builtins(value, enc_hook=str)  # Version is its "N.X" text
+
+
+def config_for(
+    folder: TemplateFolder, cohort_name: str, arm: ArmBuild, variant: Variant
+) -> BuildConfig:
+    """The `BuildConfig` of ``folder@cohort_name`` under ``arm`` and ``variant``."""
+    ds, tpl = folder.dataset, folder.template
+    cohort = folder.cohorts[cohort_name]
+    template = _builtins(tpl)
+    del template["targets"]
+    cohort_dict = _builtins(cohort)
+    del cohort_dict["version"]
+    labels = {t.label: _builtins(ds.label(t.label)) for t in tpl.targets}
+    cfg = BuildConfig(
+        pair=f"{folder.name}@{cohort_name}",
+        version=str(cohort.version),
+        builder=BUILDER,
+        builder_version=BUILDER_VERSION,
+        medomni_release=MEDOMNI_RELEASE,
+        dataset=ds.name,
+        dataset_release=ds.release,
+        template=template,
+        targets=tuple(_builtins(t) for t in tpl.targets),
+        cohort=cohort_dict,
+        labels=labels,
+        arm=arm.name,
+        arm_variant=variant.name,
+        arm_definition=arm.definition(folder, variant),
+    )
+    # a round trip makes it equal to one read back from the store (lists, not tuples)
+    return encoding.decode_body(encoding.encode(cfg), BuildConfig)
+
+
+def _check_version(old: BuildConfig, new: BuildConfig) -> None:
+    """Refuse ``new`` unless its version rose as far as its changes need (N, else X)."""
+    ov, nv = Version.parse(old.version), Version.parse(new.version)
+    fields = [f for f in BuildConfig.__struct_fields__ if f != "version"]
+    changed = [f for f in fields if getattr(old, f) != getattr(new, f)]
+    if nv < ov:
+        raise VersionError(new.pair, "version", str(ov), str(nv), str(ov))
+    n_changed = [f for f in changed if f in COMPARABILITY]
+    if n_changed and nv.n <= ov.n:
+        raise VersionError(new.pair, n_changed[0], str(ov), str(nv), f"{ov.n + 1}.0")
+    if changed and nv <= ov:
+        raise VersionError(new.pair, changed[0], str(ov), str(nv), f"{ov.n}.{ov.x + 1}")
+
+
+# -- data -----------------------------------------------------------------------------------
+def _data_digest(ds: Dataset, root: Path) -> str:
+    """BLAKE3 of every data file the dataset names; keys the rebuild cache, never a config."""
+    h = blake3.blake3()
+    paths = [root / t.file for t in ds.tables]
+    for a in ds.arrays:
+        base = root / a.store
+        paths += sorted(p for p in base.rglob("*") if p.is_file())
+    for p in paths:
+        if not p.is_file():
+            raise BuildError(f"dataset {ds.name}: data file {p} is missing")
+        h.update(os.fsencode(p.relative_to(root)) + b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _put_files(store: Store, files: dict[str, bytes]) -> dict[str, ObjectId]:
+    """Small files as blobs in one batch (a blob over 1 MiB goes through the chunker)."""
+    small = {n: b for n, b in files.items() if len(b) <= 1 << 20}
+    ids = store.put_raw_many(
+        (None, encoding.encode_blob_header(len(b)) + b) for b in small.values()
+    )
+    out = dict(zip(small, ids, strict=True))
+    out |= {n: store.put_blob(b) for n, b in files.items() if n not in small}
+    return out
+
+
+# -- rendering ------------------------------------------------------------------------------
+def _format_check(folder: TemplateFolder) -> FormatCheck:
+    shapes = []
+    for t in folder.template.targets:
+        classes = folder.dataset.label(t.label).classes  # type: ignore[union-attr]
+        shapes.append(
+            TargetShape(
+                name=t.label,
+                kind="class" if classes else "numeric",
+                classes=tuple(classes),
+                question=t.question or "",
+            )
+        )
+    return FormatCheck(targets=tuple(shapes))
+
+
+def _instruction(folder: TemplateFolder, arm: ArmBuild, check: FormatCheck) -> str:
+    agent = folder.template.agent
+    lines = []
+    for t in check.targets:
+        want = f"one of {', '.join(t.classes)}" if t.kind == "class" else "a number"
+        lines.append(f"- {t.name}: {t.question or 'your prediction'} ({want})")
+    example = {t.name: (t.classes[0] if t.classes else 0.0) for t in check.targets}
+    answer = (
+        f"Write your answer to {agent.submission_path} as one JSON object with one prediction "
+        f"per target, such as {_SORTED.encode(example).decode()}. The targets:\n" + "\n".join(lines)
+    )
+    parts = (agent.statement, agent.instruction, arm.paragraph, answer)
+    return "\n\n".join(p.strip() for p in parts) + "\n"
+
+
+@dataclass
+class _Content:
+    content: ObjectId
+    answer_key: ObjectId
+    cohort: Selection
+    trees: dict[Any, dict[str, ObjectId]]  # patient -> file -> blob
+    family_of: dict[str, str]
+
+
+def _content(
+    store: Store, folder: TemplateFolder, cohort: str, root: Path, tables: dict[str, pa.Table]
+) -> _Content:
+    co = select_cohort(folder, cohort, tables)
+    files, family_of = evidence_files(folder, root, tables, co)
+    trees = {p: _put_files(store, files[p]) for p in co.patients}
+    names = [str(p) for p in co.patients]
+    content = Content(
+        dataset=folder.dataset.name,
+        dataset_release=folder.dataset.release,
+        pair=f"{folder.name}@{cohort}",
+        patients=tuple(names),
+        evidence={str(p): store.put_tree(trees[p]) for p in co.patients},
+        prediction_times={str(p): co.times[p].isoformat() for p in co.patients},
+    )
+    cid = store.put(content)
+    key = AnswerKey(
+        content=cid,
+        targets=tuple(t.label for t in folder.template.targets),
+        values={str(p): co.answers[p] for p in co.patients},
+    )
+    return _Content(cid, store.put(key), co, trees, family_of)
+
+
+def _render(
+    store: Store,
+    folder: TemplateFolder,
+    cfg: BuildConfig,
+    arm: ArmBuild,
+    variant: Variant,
+    c: _Content,
+) -> BuildResult:
+    agent = folder.template.agent
+    check = _format_check(folder)
+    check_id = store.put(check)
+    instruction = store.put_blob(_instruction(folder, arm, check).encode())
+    config = store.put(cfg)
+    staged = set(variant.families)
+    env = AtomEnvironment(
+        cpus=agent.environment.cpus,
+        memory_mb=agent.environment.memory_mb,
+        agent_timeout_sec=agent.environment.timeouts.agent_sec,
+        verifier_timeout_sec=agent.environment.timeouts.verifier_sec,
+        internet=agent.environment.internet,
+    )
+    atoms = []
+    for p in c.cohort.patients:
+        files = {n: b for n, b in c.trees[p].items() if c.family_of[n] in staged}
+        atoms.append(
+            AtomTask(
+                pair=cfg.pair,
+                version=cfg.version,
+                patient=str(p),
+                prediction_time=c.cohort.times[p].isoformat(),
+                arm=arm.name,
+                arm_variant=variant.name,
+                instruction=instruction,
+                evidence=store.put_tree(files),
+                families=tuple(f for f in variant.families if f in set(c.family_of.values())),
+                environment=env,
+                submission_path=agent.submission_path,
+                format_check=check_id,
+                config=config,
+            )
+        )
+    return BuildResult(
+        pair=cfg.pair,
+        version=cfg.version,
+        arm=arm.name,
+        arm_variant=variant.name,
+        config=config,
+        content=c.content,
+        answer_key=c.answer_key,
+        atoms=tuple(store.put_many(atoms)),
+    )
+
+
+# -- the entry point ------------------------------------------------------------------------
+def pair_ref(pair: str, arm: str, variant: str = "") -> str:
+    return f"studio/pairs/{pair}/{arm}" + (f".{variant}" if variant else "")
+
+
+def build_pair(
+    store: Store,
+    studio_root: str | Path,
+    template_name: str,
+    cohort_name: str,
+    *,
+    arms: Sequence[str] | None = None,
+    data_root: str | Path | None = None,
+    progress: Progress | None = None,
+) -> list[Built]:
+    """Build ``template_name@cohort_name`` under ``arms`` (default: the three encoder arms,
+    and modality-ladder when the cohort is its ladder cohort); one `Built` per arm/variant.
+
+    ``data_root`` is where the dataset's relative file paths resolve (default: its folder).
+    Every config is checked against the pair's last build before anything is written.
+    """
+    folder_path = find_template(studio_root, template_name)
+    if folder_path is None:
+        raise BuildError(f"no template {template_name!r} under {studio_root}/datasets/*/tasks/")
+    folder = load_template(folder_path)
+    if cohort_name not in folder.cohorts:
+        have = ", ".join(folder.cohorts) or "none"
+        raise SpecError(folder_path / "cohorts", None, "", f"no cohort {cohort_name!r} ({have})")
+    if arms is None:
+        ladder = folder.ladder is not None and folder.ladder.cohort == cohort_name
+        arms = (*ENCODER_ARMS, LADDER_ARM) if ladder else ENCODER_ARMS
+    builds = [arm_build(BUILDER, a) for a in dict.fromkeys(arms)]  # refuse before any work
+    root = Path(data_root) if data_root is not None else folder.path.parent.parent
+    digest = _data_digest(folder.dataset, root)
+    say = progress or (lambda _msg: None)
+
+    plan: list[tuple[ArmBuild, Variant, str, BuildConfig]] = []
+    for ab in builds:
+        cohort = ab.cohort(folder, cohort_name)
+        for v in ab.variants(folder):
+            cfg = config_for(folder, cohort, ab, v)
+            last = store.refs.get(pair_ref(cfg.pair, ab.name, v.name))
+            if last is not None:
+                old = store.get(store.get(last, BuildResult).config, BuildConfig)
+                _check_version(old, cfg)
+            plan.append((ab, v, cohort, cfg))
+
+    tables: dict[str, pa.Table] | None = None
+    contents: dict[str, _Content] = {}  # cohort -> content, shared by every arm
+    out: list[Built] = []
+    for ab, v, cohort, cfg in plan:
+        cfg_id = _id_of(cfg)
+        cache = f"studio/builds/{cfg_id}/{digest}"
+        result = store.refs.get(cache)
+        cached = result is not None
+        if result is None:
+            if cohort not in contents:
+                say(f"{folder.name}@{cohort}: selecting the cohort and writing evidence")
+                if tables is None:
+                    tables = {t.name: read_table(root / t.file) for t in folder.dataset.tables}
+                contents[cohort] = _content(store, folder, cohort, root, tables)
+            say(f"{cfg.pair}: rendering {ab.name}{'.' + v.name if v.name else ''}")
+            result = store.put(_render(store, folder, cfg, ab, v, contents[cohort]))
+            store.refs.add_if_new(cache, result, f"build {cfg.pair} {ab.name} {v.name}".strip())
+        ref = pair_ref(cfg.pair, ab.name, v.name)
+        if store.refs.get(ref) != result:
+            store.refs.set(ref, result, message=f"build {cfg.pair} version {cfg.version}")
+        out.append(Built(cfg.pair, ab.name, v.name, result, cfg_id, cached))
+    return out

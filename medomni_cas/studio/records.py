@@ -1,0 +1,164 @@
+"""The store records Build writes: configs, content, answer keys, atom tasks and builds.
+
+Kind names start with ``medomni.`` and are forever once released. Records stay small and
+link-based: an instruction is a blob and a patient's evidence a tree, so the atoms of one
+pair share them. The one rule the links keep: an `AnswerKey` links its `Content`, never the
+other way, and no `AtomTask` links either, so no answer is in an atom's closure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from medomni_cas.store.encoding import Record
+from medomni_cas.store.ids import ObjectId
+
+__all__ = [
+    "AnswerKey",
+    "AtomEnvironment",
+    "AtomTask",
+    "BuildConfig",
+    "BuildResult",
+    "Content",
+    "FormatCheck",
+    "TargetShape",
+]
+
+AnswerValue = str | float | None
+
+
+class BuildConfig(Record, kw_only=True):
+    """What a pair is built from under one arm (and variant); its id is the config hash.
+
+    It holds definitions only, never patient data. Fields are grouped by how a change to
+    them moves the version (see `COMPARABILITY`): a change to one of those needs a higher N,
+    a change to any other a higher X.
+    """
+
+    __kind__ = "medomni.build-config"
+
+    pair: str
+    version: str
+    builder: str
+    builder_version: str
+    medomni_release: str
+    dataset: str
+    dataset_release: str
+    template: dict[str, Any]  # the template file minus its targets (they have their own field)
+    targets: tuple[dict[str, Any], ...]  # label, metric (the scoring), question
+    cohort: dict[str, Any]  # the cohort file minus its version
+    labels: dict[str, dict[str, Any]]  # label name -> recipe, as the dataset file states it
+    arm: str
+    arm_variant: str = ""
+    arm_definition: dict[str, Any]
+
+
+#: Fields of `BuildConfig` whose change makes results incomparable: they need a higher N.
+COMPARABILITY = ("dataset", "dataset_release", "cohort", "labels", "targets")
+
+
+class Content(Record, kw_only=True):
+    """The evidence of every patient of a cohort: one tree per patient, with no answers."""
+
+    __kind__ = "medomni.content"
+
+    dataset: str
+    dataset_release: str
+    pair: str
+    patients: tuple[str, ...]  # cohort order
+    evidence: dict[str, ObjectId]  # patient -> evidence tree (every family, before masks)
+    prediction_times: dict[str, str]  # patient -> ISO time
+
+
+class AnswerKey(Record, kw_only=True):
+    """Each patient's value of each target. Stored apart: only a `BuildResult` links it."""
+
+    __kind__ = "medomni.answer-key"
+
+    content: ObjectId
+    targets: tuple[str, ...]
+    values: dict[str, dict[str, AnswerValue]]  # patient -> target -> value
+
+
+class TargetShape(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One target an answer must hold: a number, or one of ``classes``."""
+
+    name: str
+    kind: str  # "numeric" | "class"
+    classes: tuple[str, ...] = ()
+    question: str = ""
+
+
+class FormatCheck(Record, kw_only=True):
+    """The answer's shape: one prediction per target. It checks shape and never scores."""
+
+    __kind__ = "medomni.format-check"
+
+    targets: tuple[TargetShape, ...]
+
+    def problems(self, answer: object) -> list[str]:
+        """What is wrong with an answer's shape (a JSON object: target -> prediction)."""
+        if not isinstance(answer, dict):
+            return [f"the answer is a JSON object of targets, not {type(answer).__name__}"]
+        out: list[str] = []
+        names = {t.name for t in self.targets}
+        out += [f"unknown target {k!r}" for k in answer if k not in names]
+        for t in self.targets:
+            if t.name not in answer:
+                out.append(f"{t.name}: missing")
+                continue
+            v = answer[t.name]
+            if t.kind == "class" and v not in t.classes:
+                out.append(f"{t.name}: {v!r} is not one of {', '.join(t.classes)}")
+            elif t.kind == "numeric" and (isinstance(v, bool) or not isinstance(v, int | float)):
+                out.append(f"{t.name}: {v!r} is not a number")
+        return out
+
+
+class AtomEnvironment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    cpus: int
+    memory_mb: int
+    agent_timeout_sec: int
+    verifier_timeout_sec: int
+    internet: bool = False
+
+
+class AtomTask(Record, kw_only=True):
+    """One patient, every target, at the patient's prediction time, under one arm.
+
+    ``families`` is the manifest the harness and the perception family filter read: the
+    families staged in ``evidence``.
+    """
+
+    __kind__ = "medomni.atom-task"
+
+    pair: str
+    version: str
+    patient: str  # the dataset's pseudonymous key
+    prediction_time: str
+    arm: str
+    arm_variant: str = ""
+    instruction: ObjectId  # blob, UTF-8: shared by every atom of the pair and arm
+    evidence: ObjectId  # tree
+    families: tuple[str, ...]
+    environment: AtomEnvironment
+    submission_path: str
+    format_check: ObjectId
+    config: ObjectId
+
+
+class BuildResult(Record, kw_only=True):
+    """One build of a pair under one arm and variant: what it was built from and made."""
+
+    __kind__ = "medomni.build"
+
+    pair: str
+    version: str
+    arm: str
+    arm_variant: str = ""
+    config: ObjectId
+    content: ObjectId
+    answer_key: ObjectId
+    atoms: tuple[ObjectId, ...]  # cohort order
