@@ -80,8 +80,10 @@ class Store:
     # -- writing -------------------------------------------------------------------------------
     def put(self, record: Record) -> ObjectId:
         """Store a record; return its id."""
-        data = encoding.encode(record)
-        oid = ObjectId(blake3.blake3(data).digest())
+        return self._put_encoded(encoding.encode(record))
+
+    def _put_encoded(self, data: bytes) -> ObjectId:
+        oid = hash_bytes(data)
         self.backend.put_many(((oid, data),))
         return oid
 
@@ -115,10 +117,7 @@ class Store:
         """Store an object of any kind from its parts (no registered class needed)."""
         if kind == BLOB:
             raise InvalidObject("use put_blob for blobs")
-        data = encoding.encode_object(kind, version, body)
-        oid = hash_bytes(data)
-        self.backend.put_many(((oid, data),))
-        return oid
+        return self._put_encoded(encoding.encode_object(kind, version, body))
 
     def put_raw(self, data: bytes, *, expected: ObjectId | None = None) -> ObjectId:
         """Store canonical bytes made elsewhere (a bundle, a remote), after checking them."""
@@ -155,12 +154,9 @@ class Store:
         tree = entries if isinstance(entries, Tree) else Tree(entries)
         absent = self.backend.missing(list(tree.values()))
         if absent:
-            names = [n for n, v in tree.items() if v in set(absent)]
-            raise NotFound("object", f"{ObjectId(absent[0])} (tree entry {names[0]!r})")
-        data = encoding.encode_object(TREE, 1, dict(tree.items()))
-        oid = hash_bytes(data)
-        self.backend.put_many(((oid, data),))
-        return oid
+            name = next(n for n, v in tree.items() if v == absent[0])
+            raise NotFound("object", f"{ObjectId(absent[0])} (tree entry {name!r})")
+        return self._put_encoded(encoding.encode_object(TREE, 1, dict(tree.items())))
 
     # -- reading -------------------------------------------------------------------------------
     def get_raw(self, oid: ObjectId | str) -> bytes:

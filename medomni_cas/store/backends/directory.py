@@ -39,7 +39,6 @@ from medomni_cas.store.backend import FRESHEN_AFTER, Backend
 from medomni_cas.store.backends._files import TMP_PREFIX, FileWriter, atomic_write, fsync_dir
 
 __all__ = [
-    "FRESHEN_AFTER",
     "LOCK_STALE_AFTER",
     "LOCK_TIMEOUT",
     "DEAD_HOLDER_GRACE",

@@ -49,9 +49,8 @@ from urllib.parse import parse_qs
 import fsspec
 from fsspec.asyn import sync
 
-from medomni_cas.store.backend import Backend
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend
 from medomni_cas.store.backends.directory import (
-    FRESHEN_AFTER,
     decode_ref_name,
     encode_ref_name,
     key_of,
