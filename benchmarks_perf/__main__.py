@@ -6,7 +6,13 @@ import importlib
 import sys
 
 # suite name -> module; a suite's module exposes ``main(argv: list[str]) -> int``
-SUITES = {"store": "benchmarks_perf.store"}
+SUITES = {
+    "store": "benchmarks_perf.store",
+    "studio": "benchmarks_perf.studio",
+    "remote": "benchmarks_perf.remote",
+    "bench": "benchmarks_perf.bench",
+    "harbor": "benchmarks_perf.harbor",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
