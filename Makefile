@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml
 	@test -x $(PY) || $$(bash .ci/find-python) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e examples/plugin-arm
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -18,7 +18,11 @@ from medomni_cas.cli import _output
 __all__ = ["GROUPS", "build_parser", "main"]
 
 #: Modules that each register one subcommand group.
-GROUPS: tuple[str, ...] = ("medomni_cas.cli.cas",)
+GROUPS: tuple[str, ...] = (
+    "medomni_cas.cli.cas",
+    "medomni_cas.cli.studio",
+    "medomni_cas.cli.plugins",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

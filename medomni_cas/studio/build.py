@@ -52,6 +52,7 @@ from medomni_cas.studio.schema import (
     find_template,
     load_template,
 )
+from medomni_cas.studio.signoff import check_signoff
 
 __all__ = [
     "BUILDER_VERSION",
@@ -329,6 +330,7 @@ def build_pair(
     digest = _data_digest(folder.dataset, root)
     say = progress or (lambda _msg: None)
 
+    check_signoff(store, folder, sorted({ab.cohort(folder, cohort_name) for ab in builds}))
     plan: list[tuple[ArmBuild, Variant, str, BuildConfig]] = []
     for ab in builds:
         cohort = ab.cohort(folder, cohort_name)

@@ -17,6 +17,14 @@ from medomni_cas.store.ids import ObjectId
 
 __all__ = [
     "AnswerKey",
+    "BenchmarkCard",
+    "PinnedPair",
+    "PublishedEntry",
+    "PublishedSet",
+    "SetBuild",
+    "SetEntry",
+    "TaskSetRecord",
+    "TemplateRecord",
     "AtomEnvironment",
     "AtomTask",
     "BuildConfig",
@@ -162,3 +170,95 @@ class BuildResult(Record, kw_only=True):
     content: ObjectId
     answer_key: ObjectId
     atoms: tuple[ObjectId, ...]  # cohort order
+
+
+# -- templates, task sets and benchmarks --------------------------------------------------------
+class TemplateRecord(Record, kw_only=True):
+    """A template as signed off: the file's content and its cohorts' versions at that time.
+
+    The ref ``studio/signoff/<template>`` holds its id; from then on a change to the template
+    needs a version rise in each of those cohorts (see `medomni_cas.studio.signoff`).
+    """
+
+    __kind__ = "medomni.template"
+
+    name: str
+    dataset: str
+    template: dict[str, Any]
+    cohorts: dict[str, str]  # cohort -> "N.X" when signed off
+
+
+class BenchmarkCard(Record, kw_only=True):
+    """``benchmark.yaml``: a benchmark's card. Not part of a task set's hash."""
+
+    __kind__ = "medomni.benchmark"
+
+    name: str
+    version: str
+    owner: str
+    license: str
+    description: str = ""
+    intelligence_kinds: tuple[str, ...]
+
+
+class PinnedPair(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    task: str  # <template>@<cohort>
+    n: int
+
+
+class TaskSetRecord(Record, kw_only=True):
+    """A task set; its id is the task set content hash.
+
+    It holds what the spec says the hash covers (every pair pinned at N, the arms, the
+    builder) in sorted order, so that reordering the YAML file moves nothing. It links no
+    build: an X rise of a pair reaches the set without changing its hash.
+    """
+
+    __kind__ = "medomni.task-set"
+
+    name: str  # <benchmark>/<set>
+    builder: str
+    arms: tuple[str, ...]
+    pairs: tuple[PinnedPair, ...]
+
+
+class SetEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    pair: str
+    version: str  # N.X the pair was built at
+    arm: str
+    arm_variant: str = ""
+    config: ObjectId
+    result: ObjectId  # the `BuildResult`
+
+
+class SetBuild(Record, kw_only=True):
+    """One build of a whole task set: every pair under every arm (and rung)."""
+
+    __kind__ = "medomni.task-set-build"
+
+    task_set: ObjectId
+    entries: tuple[SetEntry, ...]
+
+
+class PublishedEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One pair under one arm as published: its config, and the ids it built to written as
+    text, never as links, so that no patient data or answer is in the bundle's closure."""
+
+    pair: str
+    version: str
+    arm: str
+    arm_variant: str = ""
+    config: ObjectId
+    result: str
+    content: str
+    atoms: tuple[str, ...]
+
+
+class PublishedSet(Record, kw_only=True):
+    """What ``taskset publish --configs-only`` writes: configs, and the ids to rebuild to."""
+
+    __kind__ = "medomni.published-set"
+
+    task_set: ObjectId
+    benchmark: ObjectId  # its card
+    entries: tuple[PublishedEntry, ...]

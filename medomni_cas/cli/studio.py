@@ -1,0 +1,295 @@
+"""``medomni studio …``: build tasks and task sets, show, publish and rebuild sets, sign off
+templates. Folders default to the workspace's (``workspace.yaml``: ``studio``, ``bench``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import medomni_cas as mc
+from medomni_cas.cli._output import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    add_command,
+    common_options,
+    emit,
+    to_builtins,
+)
+from medomni_cas.cli._progress import bar
+from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
+from medomni_cas.studio.build import Built, build_pair
+from medomni_cas.studio.schema import SpecError, find_template, load_template
+from medomni_cas.studio.signoff import signoff
+from medomni_cas.studio.tasksets import TaskSetError, build_set, publish, rebuild, show_set
+from medomni_cas.workspace import Workspace, load_workspace
+
+__all__ = ["register"]
+
+
+def _ws(args: argparse.Namespace) -> Workspace:
+    return load_workspace(".")
+
+
+def _studio(args: argparse.Namespace) -> Path:
+    return Path(args.studio) if args.studio else _ws(args).studio
+
+
+def _bench(args: argparse.Namespace) -> Path:
+    return Path(args.bench) if getattr(args, "bench", None) else _ws(args).bench
+
+
+def _open(args: argparse.Namespace, *, create: bool = False) -> mc.Store:
+    return mc.open(
+        getattr(args, "store", None) or _ws(args).store_url,
+        single_writer=getattr(args, "single_writer", False),
+        create=create,
+    )
+
+
+def _built_row(b: Built) -> dict[str, Any]:
+    return to_builtins(
+        {
+            "pair": b.pair,
+            "arm": b.arm,
+            "arm_variant": b.variant,
+            "config_hash": b.config,
+            "result": b.result,
+            "cached": b.cached,
+        }
+    )
+
+
+def _built_line(b: Built) -> str:
+    arm = b.arm + (f".{b.variant}" if b.variant else "")
+    state = "unchanged" if b.cached else "built"
+    return f"{b.pair:<36} {arm:<28} config {b.config.hex()[:12]}  {b.result.hex()[:12]}  {state}"
+
+
+def _check_pair(studio: Path, template: str, cohort: str) -> None:
+    path = find_template(studio, template)
+    if path is None:
+        raise SpecError(studio / "datasets", None, "", f"no template {template!r}")
+    folder = load_template(path)
+    if cohort not in folder.cohorts:
+        have = ", ".join(folder.cohorts) or "none"
+        raise SpecError(path / "cohorts", None, "", f"no cohort {cohort!r} ({have})")
+
+
+# -- verbs ---------------------------------------------------------------------------------------
+def cmd_task_build(args: argparse.Namespace) -> int:
+    """Build one pair, ``<template>@<cohort>``, outside any task set."""
+    template, sep, cohort = args.pair.partition("@")
+    if not sep or not template or not cohort:
+        raise ValueError(f"a pair is written <template>@<cohort>; got {args.pair!r}")
+    studio = _studio(args)
+    _check_pair(studio, template, cohort)  # before a store is created for nothing
+    with _open(args, create=True) as store, bar(args, None, "step", args.pair) as b:
+
+        def say(msg: str) -> None:
+            b.set_postfix_str(msg[-60:])
+            b.update(1)
+
+        built = build_pair(
+            store,
+            studio,
+            template,
+            cohort,
+            arms=args.arm or None,
+            data_root=args.data_root,
+            progress=say,
+        )
+    emit(args, {"builds": [_built_row(x) for x in built]}, [_built_line(x) for x in built])
+    return EXIT_OK
+
+
+def cmd_taskset_build(args: argparse.Namespace) -> int:
+    """Build every pair of ``<benchmark>/<set>`` under every arm and record the set."""
+    studio, bench = _studio(args), _bench(args)
+    b_name, s_name = split_set_name(args.name)
+    folder = open_benchmark(b_name, bench_root=bench, studio=studio)
+    if s_name not in folder.sets:
+        have = ", ".join(folder.sets) or "none"
+        raise TaskSetError(f"benchmark {b_name} has no set {s_name!r} (have: {have})")
+    total = len(folder.sets[s_name].pairs)
+    with _open(args, create=True) as store, bar(args, total, "pair", args.name) as b:
+        built = build_set(
+            store,
+            args.name,
+            studio=studio,
+            bench=bench,
+            data_root=args.data_root,
+            progress=lambda msg: b.set_postfix_str(msg[-60:]),
+            on_pair=lambda _pair, _builds: b.update(1),
+        )
+    data = {
+        "name": built.name,
+        "task_set": built.task_set,
+        "build": built.build,
+        "builds": [_built_row(x) for x in built.builds],
+    }
+    lines = [_built_line(x) for x in built.builds]
+    lines.append(f"task set {built.name}: {built.task_set.hex()} (build {built.build.hex()[:12]})")
+    emit(args, to_builtins(data), lines)
+    return EXIT_OK
+
+
+def cmd_taskset_show(args: argparse.Namespace) -> int:
+    """The recorded set: its hash, pairs pinned at N, arms, builder and its latest build."""
+    with _open(args) as store:
+        view = show_set(store, args.name)
+    rec = view.record
+    data = {
+        "name": view.name,
+        "task_set": view.task_set,
+        "builder": rec.builder,
+        "arms": list(rec.arms),
+        "pairs": [{"task": p.task, "n": p.n} for p in rec.pairs],
+        "build": view.build,
+        "entries": [
+            {
+                "pair": e.pair,
+                "version": e.version,
+                "arm": e.arm,
+                "arm_variant": e.arm_variant,
+                "config_hash": e.config,
+                "result": e.result,
+            }
+            for e in view.entries
+        ],
+    }
+    lines = [
+        f"task set {view.name}",
+        f"  hash     {view.task_set.hex()}",
+        f"  builder  {rec.builder}",
+        f"  arms     {', '.join(rec.arms)}",
+        "  pairs    " + ", ".join(f"{p.task} (N={p.n})" for p in rec.pairs),
+    ]
+    if view.build is None:
+        lines.append("  not built yet")
+    else:
+        lines.append(f"  build    {view.build.hex()}")
+        for e in view.entries:
+            arm = e.arm + (f".{e.arm_variant}" if e.arm_variant else "")
+            lines.append(f"    {e.pair:<34} {e.version:<6} {arm:<28} {e.config.hex()[:12]}")
+    emit(args, to_builtins(data), lines)
+    return EXIT_OK
+
+
+def cmd_taskset_publish(args: argparse.Namespace) -> int:
+    """Write the set's bundle: configs only (for credentialed data), or the whole build."""
+    with _open(args) as store:
+        info = publish(
+            store,
+            args.name,
+            args.output,
+            configs_only=args.configs_only,
+            studio=_studio(args),
+            bench=_bench(args),
+        )
+    what = "configs only" if args.configs_only else "the whole build"
+    emit(
+        args,
+        to_builtins(info),
+        f"wrote {info.path}: {info.objects} objects, {info.bytes} bytes ({what})",
+    )
+    return EXIT_OK
+
+
+def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
+    """Build a published set from your own data and compare ids pair by pair (exit 1 when
+    any differs)."""
+    with _open(args, create=True) as store, bar(args, None, "step", "rebuild") as b:
+        name, rows = rebuild(
+            store,
+            args.bundle,
+            studio=_studio(args),
+            bench=_bench(args),
+            data_root=args.data_root,
+            progress=lambda msg: (b.set_postfix_str(msg[-60:]), b.update(1)),
+        )
+    ok = all(r.ok for r in rows)
+    lines = [f"task set {name}: " + ("every id matches" if ok else "some ids differ")]
+    for r in rows:
+        arm = r.arm + (f".{r.arm_variant}" if r.arm_variant else "")
+        detail = f" ({r.detail})" if r.detail else ""
+        lines.append(f"  {r.pair:<34} {arm:<28} {r.status}{detail}")
+    data = {"name": name, "ok": ok, "pairs": [to_builtins(r) for r in rows]}
+    emit(args, data, lines)
+    return EXIT_OK if ok else EXIT_PROBLEM
+
+
+def cmd_template_signoff(args: argparse.Namespace) -> int:
+    """Freeze a template: later changes need the version rises of its cohorts."""
+    studio = _studio(args)
+    path = find_template(studio, args.template)
+    if path is None:
+        raise SpecError(studio / "datasets", None, "", f"no template {args.template!r}")
+    folder = load_template(path)
+    with _open(args, create=True) as store:
+        rid = signoff(store, folder)
+    versions = {n: str(c.version) for n, c in folder.cohorts.items()}
+    emit(
+        args,
+        to_builtins({"template": folder.name, "id": rid, "cohorts": versions}),
+        f"signed off {folder.name}: {rid.hex()} ("
+        + ", ".join(f"{n} {v}" for n, v in versions.items())
+        + ")",
+    )
+    return EXIT_OK
+
+
+# -- parser --------------------------------------------------------------------------------------
+def _folders(p: argparse.ArgumentParser, *, bench: bool = False, data: bool = False) -> None:
+    p.add_argument("--studio", metavar="DIR", help="studio folder (default: the workspace's)")
+    if bench:
+        p.add_argument("--bench", metavar="DIR", help="bench folder (default: the workspace's)")
+    if data:
+        p.add_argument(
+            "--data-root",
+            metavar="DIR",
+            help="where the dataset's files are (default: the dataset's folder)",
+        )
+
+
+def _group(
+    parent: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    p = parent.add_parser(name, help=help, parents=[common_options()])
+    p.set_defaults(handler=None, parser=p)
+    return p.add_subparsers(title="verbs", metavar="VERB")
+
+
+def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``studio`` and its verbs to the top-level subcommands."""
+    studio = _group(groups, "studio", "build tasks and task sets from templates and cohorts")
+
+    task = _group(studio, "task", "one pair, <template>@<cohort>")
+    p = add_command(task, "build", cmd_task_build, "build a pair under its arms")
+    p.add_argument("pair", metavar="TEMPLATE@COHORT")
+    p.add_argument("--arm", action="append", metavar="ARM", help="an arm (repeatable)")
+    _folders(p, data=True)
+
+    ts = _group(studio, "taskset", "task sets, <benchmark>/<set>")
+    p = add_command(ts, "build", cmd_taskset_build, "build a task set and record it")
+    p.add_argument("name", metavar="BENCHMARK/SET")
+    _folders(p, bench=True, data=True)
+    p = add_command(ts, "show", cmd_taskset_show, "show a recorded task set and its build")
+    p.add_argument("name", metavar="BENCHMARK/SET")
+    p = add_command(ts, "publish", cmd_taskset_publish, "write a task set's bundle")
+    p.add_argument("name", metavar="BENCHMARK/SET")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the bundle to write")
+    p.add_argument(
+        "--configs-only",
+        action="store_true",
+        help="only the configs and the ids they build to: no patient data, no answers",
+    )
+    _folders(p, bench=True)
+    p = add_command(ts, "rebuild", cmd_taskset_rebuild, "rebuild a published set and compare")
+    p.add_argument("bundle", metavar="BUNDLE")
+    _folders(p, bench=True, data=True)
+
+    tpl = _group(studio, "template", "templates")
+    p = add_command(tpl, "signoff", cmd_template_signoff, "freeze a template")
+    p.add_argument("template", metavar="TEMPLATE")
+    _folders(p)
