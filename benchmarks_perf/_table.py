@@ -17,6 +17,7 @@ class Row:
     baseline_name: str = ""
     target: float | None = None
     max_value: float | None = None
+    max_ratio: float | None = None  # the target is an upper bound on ours / baseline
     note: str = ""
 
     @property
@@ -29,6 +30,8 @@ class Row:
     def verdict(self) -> str:
         if self.max_value is not None:
             return "PASS" if self.ours < self.max_value else "MISS"
+        if self.max_ratio is not None and self.ratio is not None:
+            return "PASS" if self.ratio <= self.max_ratio else "MISS"
         if self.target is None or self.ratio is None:
             return ""
         return "PASS" if self.ratio >= self.target else "MISS"
@@ -37,6 +40,8 @@ class Row:
     def target_text(self) -> str:
         if self.max_value is not None:
             return f"< {_num(self.max_value)} {self.unit}"
+        if self.max_ratio is not None:
+            return f"<= {self.max_ratio:g}x"
         if self.target is not None:
             return f">= {self.target:g}x"
         return ""

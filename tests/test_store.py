@@ -170,3 +170,14 @@ def test_ids_print_as_lowercase_hex() -> None:
             ObjectId.from_hex(bad)
     with pytest.raises(mc.InvalidId):
         ObjectId(b"short")
+
+
+def test_put_trees_batches_and_checks_every_entry(store: mc.Store) -> None:
+    a, b = store.put_blob(b"a"), store.put_blob(b"b")
+    ids = store.put_trees([{"x": a}, {"x": a, "y": b}, {"x": a}])
+    assert ids[0] == ids[2] == store.put_tree({"x": a}) and ids[1] == store.put_tree(
+        {"x": a, "y": b}
+    )
+    ghost = mc.ObjectId(bytes(32))
+    with pytest.raises(mc.NotFound, match="tree entry 'z'"):
+        store.put_trees([{"x": a}, {"z": ghost}])

@@ -73,12 +73,15 @@ def test_ecg_is_a_zarr_v3_array_family(n50: Path) -> None:
     group = zarr.open_group(n50 / "ecg.zarr", mode="r")
     assert group.metadata.zarr_format == 3
     signal, ids = group["signal"], group["patient_id"]
-    assert signal.shape == (50, synth.ECG_SAMPLES) and signal.dtype == np.int16
+    assert signal.shape == (50, 12, synth.ECG_SAMPLES) and signal.dtype == np.int16
     assert group.attrs["sampling_rate_hz"] == synth.ECG_HZ
+    assert group.attrs["leads"] == list(synth.ECG_LEADS)
     patients = pq.read_table(n50 / "patients.parquet")["patient_id"].to_numpy()
     np.testing.assert_array_equal(ids[:], patients)
-    trace = zarr.open(n50 / "ecg.zarr/signal", mode="r")[3]
-    assert trace.max() > 500  # an R wave, not noise
+    leads = zarr.open(n50 / "ecg.zarr/signal", mode="r")[3]
+    ii, avr = leads[synth.ECG_LEADS.index("II")], leads[synth.ECG_LEADS.index("aVR")]
+    assert ii.max() > 500 and avr.min() < -400  # an R wave upright in II, inverted in aVR
+    assert not np.array_equal(leads[0], leads[6])
 
 
 def test_writes_every_file_the_example_dataset_names(tmp_path: Path) -> None:

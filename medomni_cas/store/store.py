@@ -158,6 +158,24 @@ class Store:
             raise NotFound("object", f"{ObjectId(absent[0])} (tree entry {name!r})")
         return self._put_encoded(encoding.encode_object(TREE, 1, dict(tree.items())))
 
+    def put_trees(self, trees: Iterable[Mapping[str, ObjectId] | Tree]) -> list[ObjectId]:
+        """Store many folders in one batch (one presence check for all their entries)."""
+        built = [t if isinstance(t, Tree) else Tree(t) for t in trees]
+        wanted = list({v for t in built for v in t.values()})
+        absent = set(self.backend.missing(wanted))
+        if absent:
+            for t in built:
+                for name, v in t.items():
+                    if v in absent:
+                        raise NotFound("object", f"{ObjectId(v)} (tree entry {name!r})")
+        items = []
+        for t in built:
+            data = encoding.encode_object(TREE, 1, dict(t.items()))
+            items.append((hash_bytes(data), data))
+        for i in range(0, len(items), _BATCH):
+            self.backend.put_many(items[i : i + _BATCH])
+        return [oid for oid, _ in items]
+
     # -- reading -------------------------------------------------------------------------------
     def get_raw(self, oid: ObjectId | str) -> bytes:
         """The canonical bytes of an object, verified against its id."""

@@ -166,14 +166,32 @@ def _data_digest(ds: Dataset, root: Path) -> str:
     return h.hexdigest()
 
 
-def _put_files(store: Store, files: dict[str, bytes]) -> dict[str, ObjectId]:
-    """Small files as blobs in one batch (a blob over 1 MiB goes through the chunker)."""
-    small = {n: b for n, b in files.items() if len(b) <= 1 << 20}
-    ids = store.put_raw_many(
-        (None, encoding.encode_blob_header(len(b)) + b) for b in small.values()
-    )
-    out = dict(zip(small, ids, strict=True))
-    out |= {n: store.put_blob(b) for n, b in files.items() if n not in small}
+def _put_files(store: Store, files: dict[Any, dict[str, bytes]]) -> dict[Any, dict[str, ObjectId]]:
+    """Every patient's files as blobs: the small ones in batches, each a blob once however
+    many patients share it (a blob over 1 MiB goes through the chunker)."""
+    ids: dict[bytes, ObjectId] = {}
+    batch: list[tuple[bytes, bytes]] = []
+    nbytes = 0
+
+    def flush() -> None:
+        nonlocal batch, nbytes
+        for (b, _), oid in zip(batch, store.put_raw_many((None, d) for _, d in batch), strict=True):
+            ids[b] = oid
+        batch, nbytes = [], 0
+
+    for per in files.values():
+        for b in per.values():
+            if b in ids or len(b) > 1 << 20:
+                continue
+            ids[b] = ObjectId(bytes(32))  # placeholder: seen, in the batch
+            batch.append((b, encoding.encode_blob_header(len(b)) + b))
+            nbytes += len(b)
+            if len(batch) >= 4096 or nbytes >= 16 << 20:
+                flush()
+    flush()
+    out: dict[Any, dict[str, ObjectId]] = {}
+    for p, per in files.items():
+        out[p] = {n: ids[b] if len(b) <= 1 << 20 else store.put_blob(b) for n, b in per.items()}
     return out
 
 
@@ -222,14 +240,15 @@ def _content(
 ) -> _Content:
     co = select_cohort(folder, cohort, tables)
     files, family_of = evidence_files(folder, root, tables, co)
-    trees = {p: _put_files(store, files[p]) for p in co.patients}
+    trees = _put_files(store, {p: files[p] for p in co.patients})
     names = [str(p) for p in co.patients]
+    evidence = store.put_trees(trees[p] for p in co.patients)
     content = Content(
         dataset=folder.dataset.name,
         dataset_release=folder.dataset.release,
         pair=f"{folder.name}@{cohort}",
         patients=tuple(names),
-        evidence={str(p): store.put_tree(trees[p]) for p in co.patients},
+        evidence=dict(zip(names, evidence, strict=True)),
         prediction_times={str(p): co.times[p].isoformat() for p in co.patients},
     )
     cid = store.put(content)
@@ -262,9 +281,11 @@ def _render(
         verifier_timeout_sec=agent.environment.timeouts.verifier_sec,
         internet=agent.environment.internet,
     )
+    staged_trees = store.put_trees(
+        {n: b for n, b in c.trees[p].items() if c.family_of[n] in staged} for p in c.cohort.patients
+    )
     atoms = []
-    for p in c.cohort.patients:
-        files = {n: b for n, b in c.trees[p].items() if c.family_of[n] in staged}
+    for p, evidence in zip(c.cohort.patients, staged_trees, strict=True):
         atoms.append(
             AtomTask(
                 pair=cfg.pair,
@@ -274,7 +295,7 @@ def _render(
                 arm=arm.name,
                 arm_variant=variant.name,
                 instruction=instruction,
-                evidence=store.put_tree(files),
+                evidence=evidence,
                 families=tuple(f for f in variant.families if f in set(c.family_of.values())),
                 environment=env,
                 submission_path=agent.submission_path,

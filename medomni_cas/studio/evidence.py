@@ -220,11 +220,15 @@ def evidence_files(
                 continue
             fname = f"{a.name}.{arr_name}.npy"
             family_of[fname] = a.name
-            for p in co.patients:
-                if p in row_of:
-                    buf = io.BytesIO()
-                    np.lib.format.write_array(buf, np.asarray(arr[row_of[p]]), version=(1, 0))
-                    files[p][fname] = buf.getvalue()
+            present = [p for p in co.patients if p in row_of]
+            if not present:
+                continue
+            # one orthogonal read decodes each chunk once, not once per patient
+            rows = np.asarray(arr.oindex[np.asarray([row_of[p] for p in present])])
+            for p, row in zip(present, rows, strict=True):
+                buf = io.BytesIO()
+                np.lib.format.write_array(buf, np.ascontiguousarray(row), version=(1, 0))
+                files[p][fname] = buf.getvalue()
         for p in co.patients:
             if p in row_of:
                 files[p][f"{a.name}.attrs.json"] = attrs
