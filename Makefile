@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean docker-engine docker-engine-stop
 
 $(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml
 	@test -x $(PY) || $$(bash .ci/find-python) -m venv $(VENV)
@@ -30,3 +30,15 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .medomni .pytest_cache
+
+# A private Docker engine in .docker/ (root: installs docker.io, containerd, runc, busybox-static
+# and bash-static from apt when missing), with the base image local/base:1. The tests use it
+# when it answers; without it they start one of their own. Prints the DOCKER_HOST to export.
+docker-engine:
+	bash .ci/docker-engine install
+	bash .ci/docker-engine start .docker
+	bash .ci/docker-engine image .docker
+	@echo "export DOCKER_HOST=$$(bash .ci/docker-engine host .docker)"
+
+docker-engine-stop:
+	bash .ci/docker-engine stop .docker

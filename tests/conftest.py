@@ -9,6 +9,8 @@ import pytest
 
 import medomni_cas as mc
 
+pytest_plugins = ["tests.conftest_docker"]
+
 BACKENDS = ["memory", "lmdb", "file"]
 
 

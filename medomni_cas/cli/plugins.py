@@ -33,16 +33,18 @@ def collect() -> dict[str, list[dict[str, Any]]]:
     """Every plug-in entry, built-ins marked ``medomni-cas`` (they register the same way)."""
     descriptions = arm_descriptions()
     arms = [
+        {"name": ep.name, "description": descriptions.get(ep.name, ""), "source": _source(ep)}
+        for ep in entry_points(group=ARMS_GROUP)
+    ]
+    builds = [
+        {"name": ep.name, "source": _source(ep)} for ep in entry_points(group=ARM_BUILDS_GROUP)
+    ]
+    # not installed (run from a source tree): the built-ins are still there
+    listed = {a["name"] for a in arms}
+    arms += [
         {"name": n, "description": a.description, "source": "medomni-cas"}
         for n, a in BUILTIN.items()
-    ]
-    for ep in entry_points(group=ARMS_GROUP):
-        if ep.name not in BUILTIN:
-            desc = descriptions.get(ep.name, "")
-            arms.append({"name": ep.name, "description": desc, "source": _source(ep)})
-    builds = [{"name": f"medomni-v1:{n}", "source": "medomni-cas"} for n in BUILTIN]
-    builds += [
-        {"name": ep.name, "source": _source(ep)} for ep in entry_points(group=ARM_BUILDS_GROUP)
+        if n not in listed
     ]
     benchmarks = []
     ws = load_workspace(".")

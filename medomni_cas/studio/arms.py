@@ -106,36 +106,35 @@ class LadderArm(ArmBuild):
 
 
 _ENCODER_NOTE = f"Perception encoders are served at {PERCEPTION_URL}"
+ENCODERS = ArmBuild(
+    "encoders",
+    "with encoders",
+    f"{_ENCODER_NOTE} for the families in your files; use them as you see fit.",
+    "allowed",
+)
+NO_PERCEPTION = ArmBuild(
+    "no-perception",
+    "without encoders",
+    "No encoders are available for this task: work from the files alone.",
+    "none",
+)
+ENCODERS_REQUIRED = ArmBuild(
+    "encoders-required",
+    "must call at least one encoder",
+    f"{_ENCODER_NOTE} for the families in your files; call at least one of them before you answer.",
+    "required",
+)
+MODALITY_LADDER = LadderArm(
+    LADDER_ARM,
+    "with encoders, at six rungs, r1 to r6; each rung adds input families",
+    f"Only some of the patient's record is staged for this task. {_ENCODER_NOTE} "
+    "for the families in your files.",
+    "allowed",
+)
+#: The built-in arms. They are also registered in pyproject.toml's entry points, as a
+#: plug-in's are; this table keeps them available when the package is not installed.
 BUILTIN: dict[str, ArmBuild] = {
-    a.name: a
-    for a in (
-        ArmBuild(
-            "encoders",
-            "with encoders",
-            f"{_ENCODER_NOTE} for the families in your files; use them as you see fit.",
-            "allowed",
-        ),
-        ArmBuild(
-            "no-perception",
-            "without encoders",
-            "No encoders are available for this task: work from the files alone.",
-            "none",
-        ),
-        ArmBuild(
-            "encoders-required",
-            "must call at least one encoder",
-            f"{_ENCODER_NOTE} for the families in your files; call at least one of them "
-            "before you answer.",
-            "required",
-        ),
-        LadderArm(
-            LADDER_ARM,
-            "with encoders, at six rungs, r1 to r6; each rung adds input families",
-            f"Only some of the patient's record is staged for this task. {_ENCODER_NOTE} "
-            "for the families in your files.",
-            "allowed",
-        ),
-    )
+    a.name: a for a in (ENCODERS, NO_PERCEPTION, ENCODERS_REQUIRED, MODALITY_LADDER)
 }
 
 _builds: dict[str, dict[str, ArmBuild]] | None = None
