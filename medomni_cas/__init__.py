@@ -2,7 +2,10 @@
 
 >>> import medomni_cas as mc
 >>> store = mc.open("memory://")
+>>> ws = mc.open_workspace("memory://")  # the notebook API, imported on first use
 """
+
+from typing import TYPE_CHECKING, Any
 
 from medomni_cas.errors import (
     AmbiguousId,
@@ -17,6 +20,9 @@ from medomni_cas.errors import (
 )
 from medomni_cas.store import ChunkedBlob, ObjectId, Record, RefLogEntry, Store, Tree, UnknownObject
 from medomni_cas.store.url import open_store as open
+
+if TYPE_CHECKING:
+    from medomni_cas.notebook import open_workspace
 
 __version__ = "0.1.0"
 
@@ -38,4 +44,14 @@ __all__ = [
     "UnknownObject",
     "UnsupportedOperation",
     "open",
+    "open_workspace",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the notebook API imports Bench and Studio (pyarrow.compute, parquet): only when used
+    if name == "open_workspace":
+        from medomni_cas.notebook import open_workspace
+
+        return open_workspace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

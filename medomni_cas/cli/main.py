@@ -21,6 +21,7 @@ __all__ = ["GROUPS", "build_parser", "main"]
 GROUPS: tuple[str, ...] = (
     "medomni_cas.cli.cas",
     "medomni_cas.cli.studio",
+    "medomni_cas.cli.bench",
     "medomni_cas.cli.plugins",
 )
 

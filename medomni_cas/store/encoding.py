@@ -109,6 +109,12 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             raise ValueError(f"record kind {kind!r} v{cls.__version__} is already registered")
         versions[cls.__version__] = cls
 
+    def _repr_html_(self) -> str:
+        """The fields as a small HTML table, for notebooks (a method: not in the bytes)."""
+        from medomni_cas.store._html import record_html
+
+        return record_html(self)
+
 
 def record_class(kind: str, version: int) -> type[Record] | None:
     return _REGISTRY.get(kind, {}).get(version)

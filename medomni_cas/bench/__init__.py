@@ -1,0 +1,1 @@
+"""Bench: agent configs, runs, the harness, the perception gateway and the scorer."""

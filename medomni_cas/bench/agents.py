@@ -1,0 +1,118 @@
+"""Agent configs: ``bench/agents/<name>.yaml``, checked, and their store record.
+
+::
+
+    kind: agent                 # the intelligence kind (v0.3.0: agent)
+    agent: baseline             # the agent's name, as results show it
+    model: none                 # the model the scaffold drives
+    route: local                # local | cloud: checked against each dataset's route policy
+    settings:
+      scaffold: baseline        # what drives the model; a runner must know it
+      served_model: none        # what the provider must report back; else the run is an error
+      limits: {time_sec: 600, tokens: 100000, cost_usd: 1.0}
+      command: [python, -m, examples.baseline_agent]   # scaffold options, passed through
+
+Errors name the file, line and field, as Studio's files do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from medomni_cas.bench.records import AgentConfig, Limits
+from medomni_cas.errors import MedomniError
+from medomni_cas.studio.schema import Problems, Spec, SpecError, load_yaml
+
+__all__ = ["AgentFile", "UnknownAgent", "agent_record", "find_agent", "load_agent"]
+
+KINDS = ("agent",)
+ROUTES = ("local", "cloud")
+
+
+class UnknownAgent(MedomniError, KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LimitsSpec(Spec, kw_only=True):
+    time_sec: int | None = None
+    tokens: int | None = None
+    cost_usd: float | None = None
+
+    def problems(self) -> Problems:
+        for name in ("time_sec", "tokens", "cost_usd"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                yield name, "a limit is not negative"
+
+
+class Settings(Spec, kw_only=True, forbid_unknown_fields=False):
+    """The scaffold, the model name to check, the limits; other keys are the scaffold's."""
+
+    scaffold: str
+    served_model: str
+    limits: LimitsSpec = LimitsSpec()
+
+
+class AgentFile(Spec, kw_only=True):
+    kind: str
+    agent: str
+    model: str
+    route: str
+    settings: Settings
+
+    def problems(self) -> Problems:
+        if self.kind not in KINDS:
+            yield "kind", f"must be one of {', '.join(KINDS)}; got {self.kind!r}"
+        if self.route not in ROUTES:
+            yield "route", f"must be one of {', '.join(ROUTES)}; got {self.route!r}"
+        if not self.agent.strip():
+            yield "agent", "name the agent"
+
+
+def _options(path: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    settings = data.get("settings") or {}
+    return {k: v for k, v in settings.items() if k not in ("scaffold", "served_model", "limits")}
+
+
+def load_agent(path: str | Path) -> AgentConfig:
+    """Read and check one agent config file; its name is the file's stem."""
+    p = Path(path)
+    spec = load_yaml(p, AgentFile)
+    if not p.stem or "/" in p.stem:
+        raise SpecError(p, None, "", "an agent config is named by its file")
+    return agent_record(p.stem, spec, _options(p))
+
+
+def agent_record(name: str, spec: AgentFile, options: dict[str, Any]) -> AgentConfig:
+    lim = spec.settings.limits
+    return AgentConfig(
+        name=name,
+        kind=spec.kind,
+        agent=spec.agent,
+        model=spec.model,
+        route=spec.route,
+        scaffold=spec.settings.scaffold,
+        served_model=spec.settings.served_model,
+        limits=Limits(time_sec=lim.time_sec, tokens=lim.tokens, cost_usd=lim.cost_usd),
+        options=options,
+    )
+
+
+def find_agent(bench_root: str | Path, name_or_path: str) -> AgentConfig:
+    """``--agent`` as a path to a YAML file, or a name under ``bench/agents/``."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return load_agent(p)
+    candidate = Path(bench_root) / "agents" / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return load_agent(candidate)
+    have = sorted(q.stem for q in (Path(bench_root) / "agents").glob("*.yaml"))
+    raise UnknownAgent(
+        f"no agent config {name_or_path!r} in {Path(bench_root) / 'agents'} "
+        f"(have: {', '.join(have) or 'none'})"
+    )

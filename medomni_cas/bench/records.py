@@ -1,0 +1,283 @@
+"""The store records Bench writes: agent configs, runs, predictions, jobs and results.
+
+Kind names start with ``medomni.`` and are forever once released (golden vectors in
+``tests/test_bench_identity.py``). A run is an event, so its record holds times; everything a
+score depends on is linked, so an audit walks from a `Result` down to the atoms, the agent
+config, every run and the answer keys.
+
+Predictions exist twice, on purpose: one `PredictionRecord` per target per run (the spec's
+record, small and linked from its run), and per job one Arrow table (`PredictionTable`), so
+that the scorer reads millions of predictions as columns instead of as millions of objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+import blake3
+import msgspec
+
+from medomni_cas.store import encoding
+from medomni_cas.store.encoding import Record
+from medomni_cas.store.ids import ObjectId, hash_bytes, id_from_digest
+
+__all__ = [
+    "OUTCOMES",
+    "AgentBlock",
+    "AgentConfig",
+    "EncoderServed",
+    "JobRecord",
+    "Limits",
+    "PredictionRecord",
+    "PredictionTable",
+    "Result",
+    "RunRecord",
+    "RunSlot",
+    "ScoreRow",
+    "slot_id",
+    "slot_ids",
+]
+
+#: How a run ended. The first four are the agent's own outcome: the slot is done. An
+#: ``infra-error`` (the environment never started, the model endpoint failed, the engine
+#: died) is kept, and its slot is run again on resume, up to the user's limit.
+OUTCOMES = ("answered", "malformed", "agent-failed", "timeout", "infra-error")
+AGENT_OUTCOMES = OUTCOMES[:4]
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    time_sec: int | None = None
+    tokens: int | None = None
+    cost_usd: float | None = None
+
+
+class AgentConfig(Record, kw_only=True):
+    """``bench/agents/<name>.yaml`` as stored; its id is the agent config id of run slots."""
+
+    __kind__ = "medomni.agent-config"
+
+    name: str
+    kind: str  # the intelligence kind: "agent" in v0.3.0
+    agent: str
+    model: str
+    route: str  # "local" | "cloud"
+    scaffold: str  # what drives the model: a runner's agent (baseline, replay, terminus-2...)
+    served_model: str  # what the provider must report back; a mismatch is a run error
+    limits: Limits
+    options: dict[str, Any] = {}  # the scaffold's own settings (a command, a replay source)
+
+
+class RunSlot(Record, kw_only=True):
+    """What a run slot is: its id is the hash of these four. Never stored, only hashed."""
+
+    __kind__ = "medomni.run-slot"
+
+    atom: ObjectId
+    agent_config: ObjectId
+    arm_variant: str  # "<arm>" or "<arm>.<variant>"
+    repetition: int
+
+
+def _slot_id(atom: ObjectId, agent_config: ObjectId, arm_variant: str, repetition: int) -> ObjectId:
+    """The definition: the hash of the `RunSlot`'s canonical bytes."""
+    return hash_bytes(
+        encoding.encode(
+            RunSlot(
+                atom=atom, agent_config=agent_config, arm_variant=arm_variant, repetition=repetition
+            )
+        )
+    )
+
+
+_LINK_HEADER = bytes([0xC7, 32, encoding.LINK_EXT])  # msgpack ext 8, 32 bytes, a link
+
+
+@lru_cache(maxsize=64)
+def _slot_frame(agent_config: ObjectId, arm_variant: str, repetition: int) -> tuple[bytes, bytes]:
+    """The canonical bytes of a `RunSlot` before and after its atom's 32 bytes, which are the
+    payload of a fixed-length link, so nothing else in the bytes depends on the atom."""
+    for fill in range(1, 256):
+        probe = ObjectId(bytes([fill]) * 32)
+        data = encoding.encode(
+            RunSlot(
+                atom=probe,
+                agent_config=agent_config,
+                arm_variant=arm_variant,
+                repetition=repetition,
+            )
+        )
+        # the link's header and payload; found once, it is the atom (an occurrence cannot
+        # overlap it: 0xc7 is not in the payload)
+        link = _LINK_HEADER + probe
+        if fill != _LINK_HEADER[0] and data.count(link) == 1:
+            head, _, tail = data.partition(link)
+            return head + _LINK_HEADER, tail
+    raise AssertionError("no probe atom is unique in the slot's bytes")  # pragma: no cover
+
+
+def _plain(agent_config: object, arm_variant: object, repetition: object) -> bool:
+    # exact types: a bytes agent config or a bool repetition encodes differently
+    return type(agent_config) is ObjectId and type(arm_variant) is str and type(repetition) is int
+
+
+def slot_id(atom: ObjectId, agent_config: ObjectId, arm_variant: str, repetition: int) -> ObjectId:
+    """A run slot's id: ``hash(RunSlot(atom, agent_config, arm_variant, repetition))``.
+
+    Computed from the slot's bytes around the atom, made once per (agent config, arm
+    variant, repetition): the same bytes as encoding the record, ~6x faster.
+    """
+    if type(atom) is ObjectId and _plain(agent_config, arm_variant, repetition):
+        head, tail = _slot_frame(agent_config, arm_variant, repetition)
+        return id_from_digest(blake3.blake3(head + atom + tail).digest())
+    return _slot_id(atom, agent_config, arm_variant, repetition)
+
+
+def slot_ids(
+    atoms: Iterable[ObjectId], agent_config: ObjectId, arm_variant: str, repetition: int
+) -> list[ObjectId]:
+    """`slot_id` of each atom for one agent config, arm variant and repetition (a job)."""
+    if not _plain(agent_config, arm_variant, repetition):
+        return [_slot_id(a, agent_config, arm_variant, repetition) for a in atoms]
+    head, tail = _slot_frame(agent_config, arm_variant, repetition)
+    b3 = blake3.blake3
+    return [
+        bytes.__new__(ObjectId, b3(head + a + tail).digest())
+        if type(a) is ObjectId
+        else _slot_id(a, agent_config, arm_variant, repetition)
+        for a in atoms
+    ]
+
+
+class EncoderServed(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str
+    version: str
+    digest: str  # the encoder's digest, or its image digest when served from a container
+
+
+class AgentBlock(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The run's agent block: the arm and what it attached."""
+
+    arm: str
+    arm_variant: str = ""
+    encoders: str = "none"  # the arm's run side: "allowed" | "none" | "required"
+    encoders_served: tuple[EncoderServed, ...] = ()
+    encoder_calls: int = 0
+    encoder_log: ObjectId | None = None  # blob: the call log, one JSON line per call
+    meets_arm: bool = True
+    meets_arm_reason: str = ""
+    files_opened: tuple[str, ...] = ()
+
+
+class RunRecord(Record, kw_only=True):
+    """One agent on one atom task, once (one attempt of one run slot)."""
+
+    __kind__ = "medomni.run"
+
+    run_id: str  # "<slot hex>-<attempt>"
+    slot: str  # hex of the run slot id (a hash, not an object)
+    attempt: int  # 1, 2, ... (infra errors are run again)
+    previous: ObjectId | None = None  # the attempt before this one
+    intelligence: str
+    agent_config: ObjectId
+    task_set: ObjectId | None = None
+    atom: ObjectId
+    pair: str
+    task_version: str  # N.X
+    config: ObjectId  # the build config: the config hash
+    repetition: int
+    runner: str
+    outcome: str  # one of OUTCOMES
+    served_model: str = ""
+    cost_usd: float | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    errors: tuple[str, ...] = ()
+    started: str
+    finished: str
+    elapsed_ms: int
+    agent_block: AgentBlock
+    answer: ObjectId | None = None  # blob: the file at the submission path, as written
+    logs: ObjectId | None = None  # tree of the trial's log files
+    predictions: tuple[ObjectId, ...] = ()
+
+
+class PredictionRecord(Record, kw_only=True):
+    """One answer for one target of one atom task: the only thing the scorer reads of a run.
+
+    ``value`` is a number or a class label as text; ``scores`` (class -> probability), when an
+    agent gives them, lets the scorer report AUROC.
+    """
+
+    __kind__ = "medomni.prediction"
+
+    run_id: str
+    atom: ObjectId
+    target: str
+    value: str | float | None
+    intelligence: str
+    scores: dict[str, float] = {}
+
+
+class PredictionTable(Record, kw_only=True):
+    """A job's prediction records as one Arrow IPC file (a blob), for column reads."""
+
+    __kind__ = "medomni.prediction-table"
+
+    rows: int
+    columns: tuple[str, ...]
+    table: ObjectId  # blob: Arrow IPC stream
+
+
+class JobRecord(Record, kw_only=True):
+    """One job: a task set's atoms under one arm (and rung), one agent, one repetition."""
+
+    __kind__ = "medomni.job"
+
+    name: str  # the run folder's name
+    task_set: ObjectId
+    set_build: ObjectId
+    agent_config: ObjectId
+    arm: str
+    arm_variant: str = ""
+    repetition: int
+    runner: str
+    runs: tuple[ObjectId, ...]  # the final run of each slot, in the set's atom order
+    attempts: int  # runs recorded, retries included
+    predictions: ObjectId  # `PredictionTable`
+    started: str
+
+
+class ScoreRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    agent: str
+    arm: str
+    arm_variant: str = ""
+    pair: str
+    target: str
+    metric: str
+    value: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int
+    n_missing: int = 0
+    config: str  # the config hash (hex) the rows were built under
+    config_flag: str = ""  # set when one table mixes config hashes
+    attempts: int = 0  # runs recorded for the scored slots (more than n: infra retries)
+
+
+class Result(Record, kw_only=True):
+    """A score: links everything it was computed from."""
+
+    __kind__ = "medomni.result"
+
+    task_set: ObjectId
+    set_build: ObjectId
+    jobs: tuple[ObjectId, ...]
+    answer_keys: tuple[ObjectId, ...]
+    scorer: str
+    scorer_version: str
+    n_boot: int
+    seed: int
+    rows: tuple[ScoreRow, ...]
+    table: ObjectId  # blob: the rows as Parquet

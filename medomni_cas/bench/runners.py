@@ -1,0 +1,150 @@
+"""The runner interface: prepare, run, collect. Runners are found through the entry point
+group ``medomni.runners``; the built-in ``process`` and ``replay`` register the same way.
+
+A runner only turns `Job`s into `Trial`s: what happened when the agent ran one atom task.
+The harness owns everything else (checks, slots and claims, records, run folders), so a
+runner never writes to the store, and a third-party runner (``adapters/harbor``) gets the
+same guarantees by implementing three methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import ClassVar
+
+from medomni_cas.bench.records import AgentConfig, EncoderServed
+from medomni_cas.errors import MedomniError
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
+from medomni_cas.studio.records import AtomTask, FormatCheck
+
+__all__ = [
+    "RUNNERS_GROUP",
+    "Job",
+    "Runner",
+    "RunnerError",
+    "Trial",
+    "TrialSpec",
+    "get_runner",
+    "runner_names",
+]
+
+RUNNERS_GROUP = "medomni.runners"
+
+
+class RunnerError(MedomniError, ValueError):
+    """An unknown runner, or one that cannot run a job as configured."""
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One slot to run: an atom task, staged by the runner from the store."""
+
+    slot: ObjectId
+    attempt: int
+    atom_id: ObjectId
+    atom: AtomTask
+    format_check: FormatCheck
+
+
+@dataclass
+class Job:
+    """One arm (and rung) x one agent x one repetition of a task set: the slots still to run."""
+
+    name: str
+    folder: Path  # the run folder (a view of the records; runners may keep files here)
+    store: Store
+    agent: AgentConfig
+    agent_id: ObjectId
+    arm: str
+    arm_variant: str
+    encoders: str  # the arm's run side: "allowed" | "none" | "required"
+    repetition: int
+    budget: int  # encoder calls per atom task, when the arm attaches the perception service
+    runner: str = ""
+    trials: list[TrialSpec] = field(default_factory=list)
+
+    @property
+    def arm_label(self) -> str:
+        return self.arm + (f".{self.arm_variant}" if self.arm_variant else "")
+
+
+@dataclass
+class Trial:
+    """What happened when the agent ran one slot. ``outcome`` is the runner's view:
+    "answered" (it wrote something at the submission path; the harness checks its shape),
+    "agent-failed", "timeout" or "infra-error"."""
+
+    slot: ObjectId
+    attempt: int
+    outcome: str
+    started: str
+    finished: str
+    elapsed_ms: int
+    answer: bytes | None = None
+    served_model: str = ""
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_usd: float | None = None
+    errors: list[str] = field(default_factory=list)
+    logs: dict[str, bytes] = field(default_factory=dict)
+    encoder_calls: list[dict[str, object]] = field(default_factory=list)
+    encoders_served: list[EncoderServed] = field(default_factory=list)
+    files_opened: list[str] = field(default_factory=list)
+
+
+class Runner(ABC):
+    """Runs jobs. ``run`` yields trials as they finish (so a killed harness keeps what was
+    recorded); ``collect`` yields any that only appear at the end (a batch system)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    #: True when agents run isolated (containers, closed network). The process runner is not.
+    isolated: ClassVar[bool] = False
+
+    def check(self, job: Job) -> list[str]:
+        """Problems that would stop ``job`` from running (nothing has run yet)."""
+        return []
+
+    def prepare(self, job: Job) -> None:  # noqa: B027 - optional step
+        """Stage what the job needs before any trial runs."""
+
+    @abstractmethod
+    def run(self, job: Job) -> Iterator[Trial]:
+        """Run every trial of ``job``, yielding each as it finishes."""
+
+    def collect(self, job: Job) -> Iterator[Trial]:
+        """Trials known only after the job ended; most runners have none."""
+        return iter(())
+
+
+def _builtin() -> dict[str, str]:
+    return {
+        "process": "medomni_cas.bench.process:ProcessRunner",
+        "replay": "medomni_cas.bench.replay:ReplayRunner",
+    }
+
+
+def runner_names() -> list[str]:
+    return sorted({*_builtin(), *(ep.name for ep in entry_points(group=RUNNERS_GROUP))})
+
+
+def get_runner(name: str, **options: object) -> Runner:
+    """The runner ``name``, from the entry points (the built-ins also work uninstalled)."""
+    target = next((ep for ep in entry_points(group=RUNNERS_GROUP) if ep.name == name), None)
+    if target is not None:
+        cls = target.load()
+    elif name in _builtin():
+        import importlib
+
+        module, _, attr = _builtin()[name].partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    else:
+        raise RunnerError(f"unknown runner {name!r} (installed: {', '.join(runner_names())})")
+    if not (isinstance(cls, type) and issubclass(cls, Runner)):
+        raise RunnerError(f"entry point {RUNNERS_GROUP} {name!r} is not a Runner class")
+    return cls(**options)

@@ -1,0 +1,195 @@
+"""``medomni bench …``: run a task set with an agent, score the runs, import run folders.
+
+Folders default to the workspace's (``workspace.yaml``: ``studio``, ``bench``, ``runs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import medomni_cas as mc
+from medomni_cas.bench.agents import find_agent
+from medomni_cas.bench.harness import CheckFailed, run_set
+from medomni_cas.bench.runfolders import import_run_folder
+from medomni_cas.bench.runners import runner_names
+from medomni_cas.bench.scorer import jobs_of, score_jobs, write_results
+from medomni_cas.cli._output import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    add_command,
+    common_options,
+    emit,
+    json_mode,
+    to_builtins,
+)
+from medomni_cas.cli._progress import bar
+from medomni_cas.studio.tasksets import show_set
+from medomni_cas.workspace import Workspace, load_workspace
+
+__all__ = ["register"]
+
+
+def _ws() -> Workspace:
+    return load_workspace(".")
+
+
+def _open(args: argparse.Namespace, *, create: bool = False) -> mc.Store:
+    return mc.open(
+        getattr(args, "store", None) or _ws().store_url,
+        single_writer=getattr(args, "single_writer", False),
+        create=create,
+    )
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Check the set, then run every slot that has no run yet (resuming is running again)."""
+    ws = _ws()
+    bench = Path(args.bench) if args.bench else ws.bench
+    studio = Path(args.studio) if args.studio else ws.studio
+    runs = Path(args.runs) if args.runs else ws.runs
+    agent = find_agent(bench, args.agent)
+    with _open(args) as store, bar(args, None, "run", args.name) as b:
+        last: dict[str, int] = {}
+
+        def progress(job: str, done: int, total: int) -> None:
+            if b.total != total or last.get("job") != hash(job):
+                b.reset(total=total)
+                b.set_description(job.split("--")[2] if "--" in job else job)
+                last["job"] = hash(job)
+            b.n = done
+            b.refresh()
+
+        try:
+            report = run_set(
+                store,
+                args.name,
+                agent,
+                runs_dir=runs,
+                studio=studio,
+                runner=args.runner,
+                arms=args.arm or None,
+                reps=args.reps,
+                accept_conditions=args.accept_conditions,
+                max_attempts=args.max_attempts,
+                budget=args.budget,
+                progress=progress,
+            )
+        except CheckFailed as e:
+            sys.stderr.write(f"medomni: {e}\n")
+            if json_mode(args):
+                emit(args, {"error": {"type": "CheckFailed", "problems": e.problems}}, "")
+            return EXIT_PROBLEM
+    for notice in report.notices:
+        sys.stderr.write(f"medomni: {notice}\n")
+    data = {
+        "task_set": report.task_set,
+        "agent_config": report.agent_config,
+        "jobs": [to_builtins(j.__dict__) for j in report.jobs],
+    }
+    lines = [
+        f"{j.name}: {j.ran} run, {j.skipped} already done"
+        + (
+            f", {j.infra_errors} infrastructure errors (run again to retry)"
+            if j.infra_errors
+            else ""
+        )
+        for j in report.jobs
+    ]
+    lines.append(f"{report.ran} runs in {len(report.jobs)} jobs")
+    emit(args, to_builtins(data), lines)
+    return EXIT_OK
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Score the set's recorded runs; write results.json and results.parquet."""
+    ws = _ws()
+    out = Path(args.out) if args.out else ws.root / "results" / args.name.replace("/", ".")
+    with _open(args) as store:
+        view = show_set(store, args.name)
+        jobs = jobs_of(store, view.task_set, args.agent or None)
+        scored = score_jobs(store, jobs, n_boot=args.n_boot, seed=args.seed, set_name=args.name)
+    paths = write_results(scored, out)
+    rows = scored.record.rows
+    head = (
+        f"{'agent':<16} {'arm':<24} {'pair':<32} {'target':<12} {'metric':<10} {'value':>7}  95% CI"
+    )
+    lines = [head]
+    for r in rows:
+        arm = r.arm + (f".{r.arm_variant}" if r.arm_variant else "")
+        lines.append(
+            f"{r.agent:<16} {arm:<24} {r.pair:<32} {r.target:<12} {r.metric:<10} "
+            f"{_fmt(r.value):>7}  [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]"
+            + (f"  n={r.n}" + (f" missing={r.n_missing}" if r.n_missing else ""))
+            + (f"  ! {r.config_flag}" if r.config_flag else "")
+        )
+    lines.append(f"result {scored.result.hex()} -> {paths[0]}, {paths[1]}")
+    data = {"result": scored.result, "files": [str(p) for p in paths], "rows": list(rows)}
+    emit(args, to_builtins(data), lines)
+    return EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Read a run folder's records into the store (each re-hashed against its id)."""
+    with _open(args, create=True) as store:
+        jid = import_run_folder(store, args.folder)
+    emit(args, to_builtins({"job": jid}), f"imported job {jid.hex()}")
+    return EXIT_OK
+
+
+def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench`` and its verbs to the top-level subcommands."""
+    p = groups.add_parser(
+        "bench", help="run task sets with agents and score them", parents=[common_options()]
+    )
+    p.set_defaults(handler=None, parser=p)
+    verbs = p.add_subparsers(title="verbs", metavar="VERB")
+
+    r = add_command(verbs, "run", cmd_run, "check a task set, then run it (or resume)")
+    r.add_argument("name", metavar="BENCHMARK/SET")
+    r.add_argument(
+        "--agent",
+        required=True,
+        help="an agent config: a name under bench/agents/ or a path to its YAML file",
+    )
+    r.add_argument("--arm", action="append", metavar="ARM", help="run only this arm (repeatable)")
+    r.add_argument("--reps", type=int, default=1, help="repetitions of each atom task")
+    r.add_argument(
+        "--runner",
+        default="process",
+        choices=runner_names(),
+        help="how agents run (default: process)",
+    )
+    r.add_argument(
+        "--accept-conditions",
+        action="store_true",
+        help="you meet the conditions a dataset sets on this route",
+    )
+    r.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="runs per slot when the infrastructure fails (default 3)",
+    )
+    r.add_argument("--budget", type=int, default=8, help="encoder calls per atom task")
+    for opt in ("studio", "bench", "runs"):
+        r.add_argument(f"--{opt}", metavar="DIR", help=f"{opt} folder (default: the workspace's)")
+
+    s = add_command(verbs, "score", cmd_score, "score the recorded runs of a task set")
+    s.add_argument("name", metavar="BENCHMARK/SET")
+    s.add_argument("--agent", action="append", help="only this agent config (repeatable)")
+    s.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where results.json/.parquet go (default: results/<set>/ in the workspace)",
+    )
+    s.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    s.add_argument("--seed", type=int, default=0)
+
+    i = add_command(verbs, "import", cmd_import, "read a run folder into the store")
+    i.add_argument("folder", metavar="FOLDER")

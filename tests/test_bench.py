@@ -1,0 +1,446 @@
+"""The harness end to end on real processes: checks, runs, resume, retries, claims, replay,
+run folders, scoring. Agents are real subprocesses (examples/baseline_agent.py and small
+inline ones); the store is a real LMDB."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+import medomni_cas as mc
+from examples import synth
+from medomni_cas.bench.agents import find_agent, load_agent
+from medomni_cas.bench.harness import CheckFailed, check_posix_permissions, run_set
+from medomni_cas.bench.process import ProcessRunner
+from medomni_cas.bench.records import JobRecord, RunRecord
+from medomni_cas.bench.runfolders import RunFolderError, import_run_folder
+from medomni_cas.bench.runners import Job, Trial
+from medomni_cas.bench.scorer import ScoreError, jobs_of, score_jobs
+from medomni_cas.studio.tasksets import build_set, show_set
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SET = "medomni-bench/small"
+SMALL = {
+    "description": "Two n20 pairs, for tests.",
+    "builder": "medomni-v1",
+    "arms": ["no-perception", "encoders-required"],
+    "pairs": [
+        {"task": "synth-ehr_ckd-staging@n20", "n": 1},
+        {"task": "synth-ehr_hba1c-next@n20", "n": 1},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Studio and bench copies, generated data, and a small set of two n20 pairs."""
+    root = tmp_path_factory.mktemp("bench")
+    shutil.copytree(EXAMPLES / "studio", root / "studio", ignore=shutil.ignore_patterns("data"))
+    shutil.copytree(EXAMPLES / "bench", root / "bench")
+    sets = root / "bench/benchmarks/medomni-bench/sets"
+    (sets / "small.yaml").write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    synth.generate(root / "studio/datasets/synth-ehr/data", patients=150, seed=0)
+    return root
+
+
+@pytest.fixture
+def store(tree: Path, tmp_path: Path) -> Iterator[mc.Store]:
+    s = mc.open(f"lmdb://{tmp_path / 'store'}")
+    build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
+    yield s
+    s.close()
+
+
+def _agent(tree: Path, name: str, **settings: object) -> mc.Record:
+    path = tree / "bench/agents" / f"{name}.yaml"
+    if settings:
+        doc = yaml.safe_load((tree / "bench/agents/baseline.yaml").read_text())
+        doc["agent"] = name
+        doc["settings"].update(settings)
+        path.write_text(yaml.safe_dump(doc))
+    return load_agent(path)
+
+
+def _run(store: mc.Store, tree: Path, agent: object, tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
+    return run_set(
+        store,
+        SET,
+        agent,
+        runs_dir=tmp_path / "runs",
+        studio=tree / "studio",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _runs(store: mc.Store) -> list[RunRecord]:
+    return [store.get(o, RunRecord) for o in store.iter_ids() if store.kind(o) == "medomni.run"]
+
+
+# -- the main path ------------------------------------------------------------------------------
+def test_run_records_resume_and_score(store: mc.Store, tree: Path, tmp_path: Path) -> None:
+    agent = find_agent(tree / "bench", "baseline")
+    report = _run(store, tree, agent, tmp_path)
+    assert [j.ran for j in report.jobs] == [40, 40] and report.ran == 80
+    runs = _runs(store)
+    assert len(runs) == 80 and {r.outcome for r in runs} == {"answered"}
+    req = [r for r in runs if r.agent_block.arm == "encoders-required"]
+    assert all(r.agent_block.encoder_calls >= 1 and r.agent_block.meets_arm for r in req)
+    assert all(r.agent_block.encoders_served for r in req)
+    nop = [r for r in runs if r.agent_block.arm == "no-perception"]
+    assert all(not r.agent_block.encoders_served and r.agent_block.encoder_log is None for r in nop)
+    assert all("labs.jsonl" in r.agent_block.files_opened for r in runs)
+    # the run folder is a view of the records
+    for j in report.jobs:
+        assert (j.folder / "runs.jsonl").read_text().count("\n") == 40
+        assert (j.folder / "predictions.jsonl").read_text().count("\n") == 40
+        assert j.folder.name.startswith("medomni-bench.small--baseline--")
+    assert (report.jobs[1].folder / "encoder_use.jsonl").stat().st_size > 0
+    # running again resumes: nothing re-runs, the same job folders
+    again = _run(store, tree, agent, tmp_path)
+    assert again.ran == 0 and [j.skipped for j in again.jobs] == [40, 40]
+    assert [j.folder for j in again.jobs] == [j.folder for j in report.jobs]
+    assert len(_runs(store)) == 80
+    scored = score_jobs(store, jobs_of(store, report.task_set), n_boot=200, set_name=SET)
+    assert len(scored.record.rows) == 4 and all(
+        r.n == 20 and r.value is not None for r in scored.record.rows
+    )
+    assert store.refs[f"results/{SET}"] == scored.result
+
+
+def test_null_agent_fails_the_format_check(store: mc.Store, tree: Path, tmp_path: Path) -> None:
+    agent = find_agent(tree / "bench", "null")
+    _run(store, tree, agent, tmp_path, arms=["encoders-required"])
+    runs = _runs(store)
+    assert len(runs) == 40 and {r.outcome for r in runs} == {"malformed"}
+    assert all("missing" in r.errors[0] for r in runs)
+    assert all(not r.agent_block.meets_arm and "no" in r.agent_block.meets_arm_reason for r in runs)
+    scored = score_jobs(store, jobs_of(store, show_set(store, SET).task_set), n_boot=0)
+    assert all(r.n_missing == 20 for r in scored.record.rows)
+
+
+def test_replay_repeats_answers_without_a_model(
+    store: mc.Store, tree: Path, tmp_path: Path
+) -> None:
+    base = find_agent(tree / "bench", "baseline")
+    _run(store, tree, base, tmp_path, arms=["no-perception"])
+    replay = find_agent(tree / "bench", "replay-baseline")
+    rep = _run(store, tree, replay, tmp_path, arms=["no-perception"], runner="replay")
+    assert rep.ran == 40
+    ts = show_set(store, SET).task_set
+    a = score_jobs(store, jobs_of(store, ts, ["baseline"]), n_boot=0).record.rows
+    b = score_jobs(store, jobs_of(store, ts, ["replay-baseline"]), n_boot=0).record.rows
+    assert [r.value for r in a] == [r.value for r in b]
+    replayed = [r for r in _runs(store) if r.runner == "replay"]
+    assert replayed and all(r.tokens_in == 0 and r.cost_usd == 0.0 for r in replayed)
+
+
+# -- retries, claims, kills -------------------------------------------------------------------
+class FlakyRunner(ProcessRunner):
+    """The process runner, except that the first attempt of some slots hits an upstream 504."""
+
+    name = "flaky"
+
+    def __init__(self, fail: int) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def run(self, job: Job) -> Iterator[Trial]:
+        for i, spec in enumerate(job.trials):
+            if spec.attempt == 1 and i < self.fail:
+                yield Trial(
+                    spec.slot,
+                    spec.attempt,
+                    "infra-error",
+                    "t0",
+                    "t1",
+                    0,
+                    errors=["model endpoint returned 504"],
+                )
+            else:
+                yield self._trial(job, spec, _cmd(job))
+
+
+def _cmd(job: Job) -> list[str]:
+    from medomni_cas.bench.process import _command
+
+    return _command(job)
+
+
+def test_infra_errors_are_kept_and_only_they_rerun(
+    store: mc.Store, tree: Path, tmp_path: Path
+) -> None:
+    agent = find_agent(tree / "bench", "baseline")
+    first = _run(store, tree, agent, tmp_path, arms=["no-perception"], runner=FlakyRunner(3))
+    assert first.jobs[0].infra_errors == 3
+    second = _run(store, tree, agent, tmp_path, arms=["no-perception"], runner=FlakyRunner(3))
+    assert second.ran == 3 and second.jobs[0].infra_errors == 0  # only the three, attempt 2
+    runs = _runs(store)
+    assert len(runs) == 43  # every attempt stays in the store
+    retried = [r for r in runs if r.attempt == 2]
+    assert len(retried) == 3 and all(r.previous is not None for r in retried)
+    assert all(store.get(r.previous, RunRecord).outcome == "infra-error" for r in retried)
+    third = _run(store, tree, agent, tmp_path, arms=["no-perception"])
+    assert third.ran == 0
+    rows = score_jobs(store, jobs_of(store, show_set(store, SET).task_set), n_boot=0).record.rows
+    assert sum(r.attempts for r in rows) == 43  # the scorer says how many attempts it took
+
+
+def test_attempts_stop_at_the_limit(store: mc.Store, tree: Path, tmp_path: Path) -> None:
+    agent = find_agent(tree / "bench", "baseline")
+    for _ in range(3):
+        _run(
+            store,
+            tree,
+            agent,
+            tmp_path,
+            arms=["no-perception"],
+            runner=FlakyRunner(40),
+            max_attempts=2,
+        )
+    runs = _runs(store)
+    assert len(runs) == 80 and max(r.attempt for r in runs) == 2
+
+
+def _cli(tmp: Path, tree: Path, store: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "medomni_cas.cli.main",
+            "bench",
+            "run",
+            SET,
+            "--agent",
+            "slow",
+            "--store",
+            store,
+            "--studio",
+            str(tree / "studio"),
+            "--bench",
+            str(tree / "bench"),
+            "--runs",
+            str(tmp / "runs"),
+            "--arm",
+            "no-perception",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _slow_agent(tree: Path) -> None:
+    _agent(
+        tree,
+        "slow",
+        command=[
+            "python",
+            "-c",
+            "import os,time,json; time.sleep(0.15); "
+            "s=json.load(open('answer_schema.json'))['targets']; "
+            "open(os.environ['MEDOMNI_SUBMISSION'],'w').write(json.dumps("
+            "{t['name']: (t['classes'][0] if t['classes'] else 1.0) for t in s}))",
+        ],
+    )
+
+
+def test_two_harnesses_never_run_a_slot_twice(tree: Path, tmp_path: Path) -> None:
+    url = f"lmdb://{tmp_path / 'store'}"
+    with mc.open(url) as s:
+        build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
+    _slow_agent(tree)
+    procs = [_cli(tmp_path, tree, url) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+    with mc.open(url) as s:
+        runs = _runs(s)
+        assert len(runs) == 40 and len({r.slot for r in runs}) == 40
+        assert not s.refs.as_dict("runs/claims/")
+
+
+def test_a_killed_harness_resumes_without_loss_or_duplicates(tree: Path, tmp_path: Path) -> None:
+    url = f"lmdb://{tmp_path / 'store'}"
+    with mc.open(url) as s:
+        build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
+    _slow_agent(tree)
+    p = _cli(tmp_path, tree, url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with mc.open(url) as s:
+            if len(s.refs.as_dict("runs/slots/")) >= 5:
+                break
+        time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    with mc.open(url) as s:
+        done = len(s.refs.as_dict("runs/slots/"))
+        assert 5 <= done < 40
+    again = _cli(tmp_path, tree, url)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err.decode()
+    with mc.open(url) as s:
+        runs = _runs(s)
+        assert len(runs) == 40 and len({r.slot for r in runs}) == 40  # nothing lost, no twice
+        assert not s.refs.as_dict("runs/claims/")
+
+
+# -- checks ------------------------------------------------------------------------------------
+def test_routes_are_checked_before_anything_runs(
+    store: mc.Store, tree: Path, tmp_path: Path
+) -> None:
+    cloud = tree / "bench/agents/cloud.yaml"
+    doc = yaml.safe_load((tree / "bench/agents/baseline.yaml").read_text())
+    cloud.write_text(yaml.safe_dump({**doc, "route": "cloud"}))
+    agent = load_agent(cloud)
+    with pytest.raises(CheckFailed, match="only if: Synthetic data may go"):
+        _run(store, tree, agent, tmp_path, arms=["no-perception"])
+    assert not _runs(store)
+    report = _run(store, tree, agent, tmp_path, arms=["no-perception"], accept_conditions=True)
+    assert report.ran == 40 and "you accepted" in report.notices[0]
+
+
+def test_a_denied_route_refuses_the_run(tree: Path, tmp_path: Path) -> None:
+    studio = tmp_path / "studio"
+    shutil.copytree(tree / "studio", studio, ignore=shutil.ignore_patterns("data"))
+    ds = studio / "datasets/synth-ehr/dataset.yaml"
+    text = ds.read_text()
+    ds.write_text(text.replace("  local:\n    policy: allow", "  local:\n    policy: deny"))
+    assert "policy: deny" in ds.read_text()
+    s = mc.open("memory://")
+    build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
+    agent = find_agent(tree / "bench", "baseline")
+    with pytest.raises(CheckFailed, match="denies the local route"):
+        run_set(s, SET, agent, runs_dir=tmp_path / "runs", studio=studio)
+
+
+def test_a_damaged_task_is_caught_before_any_run(
+    store: mc.Store, tree: Path, tmp_path: Path
+) -> None:
+    from medomni_cas.studio.records import BuildResult
+
+    entry = show_set(store, SET).entries[0]
+    atom = store.get(entry.result, BuildResult).atoms[0]
+    store.close()
+    import lmdb
+
+    env = lmdb.open(str(tmp_path / "store"), max_dbs=8, subdir=True)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"objects", txn=txn)
+        raw = bytearray(txn.get(bytes(atom), db=db))
+        raw[-1] ^= 1
+        txn.put(bytes(atom), bytes(raw), db=db)
+    env.close()
+    s = mc.open(f"lmdb://{tmp_path / 'store'}")
+    with pytest.raises(CheckFailed, match=f"built tasks: .*{atom.hex()[:12]}"):
+        run_set(
+            s,
+            SET,
+            find_agent(tree / "bench", "baseline"),
+            runs_dir=tmp_path / "r",
+            studio=tree / "studio",
+        )
+    assert not s.refs.as_dict("runs/")
+
+
+def test_a_served_model_that_differs_is_an_error_of_the_run(
+    store: mc.Store, tree: Path, tmp_path: Path
+) -> None:
+    agent = _agent(
+        tree,
+        "liar",
+        served_model="model-a",
+        command=[
+            "python",
+            "-c",
+            "import os,json,runpy; "
+            "json.dump({'served_model': 'model-b', 'tokens_in': 5}, "
+            "open(os.environ['MEDOMNI_RUN_INFO'],'w')); "
+            "runpy.run_module('examples.baseline_agent', run_name='__main__')",
+        ],
+    )
+    _run(store, tree, agent, tmp_path, arms=["no-perception"])
+    runs = _runs(store)
+    assert {r.outcome for r in runs} == {"agent-failed"}
+    assert all("'model-b' is not the config's 'model-a'" in r.errors[-1] for r in runs)
+    assert all(r.tokens_in == 5 and not r.predictions for r in runs)
+
+
+def test_unknown_arms_and_agents_are_named(store: mc.Store, tree: Path, tmp_path: Path) -> None:
+    with pytest.raises(mc.MedomniError, match="no arm 'modality-ladder'"):
+        _run(
+            store, tree, find_agent(tree / "bench", "baseline"), tmp_path, arms=["modality-ladder"]
+        )
+    with pytest.raises(KeyError, match=r"no agent config 'nobody'.*baseline"):
+        find_agent(tree / "bench", "nobody")
+
+
+# -- run folders -------------------------------------------------------------------------------
+def test_run_folder_imports_into_another_store(store: mc.Store, tree: Path, tmp_path: Path) -> None:
+    report = _run(
+        store, tree, find_agent(tree / "bench", "baseline"), tmp_path, arms=["encoders-required"]
+    )
+    folder = report.jobs[0].folder
+    other = mc.open("memory://")
+    jid = import_run_folder(other, folder)
+    assert jid == report.jobs[0].job
+    job = other.get(jid, JobRecord)
+    assert all(r in other for r in job.runs)
+    # an edited line is refused, naming the file and line, and nothing is written
+    lines = (folder / "runs.jsonl").read_text().splitlines()
+    lines[3] = lines[3].replace('"answered"', '"timeout"')
+    (folder / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    third = mc.open("memory://")
+    with pytest.raises(RunFolderError, match=r"runs\.jsonl:4: the record does not hash"):
+        import_run_folder(third, folder)
+    assert not list(third.iter_ids())
+
+
+def test_runs_folder_must_keep_permissions(tmp_path: Path) -> None:
+    check_posix_permissions(tmp_path / "runs")  # ext4/tmpfs keep them
+    vfat = shutil.which("mkfs.vfat")
+    if vfat is None or os.geteuid() != 0:
+        pytest.skip("needs root and mkfs.vfat to mount a FAT file system")
+    image = tmp_path / "fat.img"
+    subprocess.run(["truncate", "-s", "8M", str(image)], check=True)
+    subprocess.run([vfat, str(image)], check=True, capture_output=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-o", "loop", str(image), str(mnt)]).returncode != 0:
+        pytest.skip("cannot loop-mount here")
+    try:
+        with pytest.raises(mc.MedomniError, match="does not keep POSIX permissions"):
+            check_posix_permissions(mnt / "runs")
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_scores_of_two_task_sets_are_never_mixed(
+    store: mc.Store, tree: Path, tmp_path: Path
+) -> None:
+    agent = find_agent(tree / "bench", "baseline")
+    _run(store, tree, agent, tmp_path, arms=["no-perception"])
+    build_set(store, "medomni-bench/v1", studio=tree / "studio", bench=tree / "bench")
+    run_set(
+        store,
+        "medomni-bench/v1",
+        agent,
+        runs_dir=tmp_path / "runs",
+        studio=tree / "studio",
+        arms=["no-perception"],
+    )
+    a = jobs_of(store, show_set(store, SET).task_set)
+    b = jobs_of(store, show_set(store, "medomni-bench/v1").task_set)
+    with pytest.raises(ScoreError, match="different task sets"):
+        score_jobs(store, [*a, *b])
