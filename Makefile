@@ -7,11 +7,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean docker-engine docker-engine-stop
 
-$(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml
+$(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml adapters/harbor/pyproject.toml
 	@test -x $(PY) || $$(bash .ci/find-python) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q -e examples/plugin-arm
+	$(PY) -m pip install -q -e adapters/harbor
 	@touch $(STAMP)
 
 demo: $(STAMP)

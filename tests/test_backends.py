@@ -6,6 +6,7 @@ leaves this machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,7 +104,10 @@ def s3_endpoint() -> Iterator[str]:
             _, port = server.get_host_and_port()
             endpoint = f"http://127.0.0.1:{port}"
             mp.setenv("AWS_ENDPOINT_URL", endpoint)
-            fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True).mkdir(BUCKET)
+            s3 = fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True)
+            # moto keeps its state per process: another module's server made it already
+            with contextlib.suppress(FileExistsError):
+                s3.mkdir(BUCKET)
             yield endpoint
         finally:
             server.stop()

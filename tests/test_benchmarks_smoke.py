@@ -28,3 +28,20 @@ def test_store_benchmark_quick_prints_a_table() -> None:
     assert rows[0].startswith("| benchmark ")
     for name in ("records: Store.put_many", "blob: put_blob", "objects: lmdb put_many"):
         assert any(name in row for row in rows), f"no row for {name!r}"
+
+
+def test_remote_benchmark_quick_prints_a_table() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks_perf", "remote", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("$ ") and "benchmarks_perf remote --quick" in out.splitlines()[0]
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| benchmark ")
+    for name in ("lmdb -> s3", "s3 -> lmdb", "push with nothing new: requests", "MiB blob"):
+        assert any(name in row for row in rows), f"no row for {name!r}"

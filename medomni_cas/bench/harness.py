@@ -453,10 +453,18 @@ def run_set(
     budget: int = 8,
     claim_timeout: float = 6 * 3600.0,
     progress: Progress | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> RunReport:
-    """Check the set, then run what has not run yet; see the module docstring."""
+    """Check the set, then run what has not run yet; see the module docstring.
+
+    ``shard=(i, n)`` runs only the slots whose id falls in shard i of n, so machines can
+    share a set on one store; each writes its jobs' records, and a last unsharded run (which
+    finds every slot done) records every job whole.
+    """
     if reps < 1:
         raise MedomniError(f"--reps must be at least 1, got {reps}")
+    if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+        raise MedomniError(f"shard {shard[0]}/{shard[1]}: want i/n with 0 <= i < n")
     view = show_set(store, name)
     if not view.entries:
         raise MedomniError(f"task set {name} has no build; run `medomni studio taskset build`")
@@ -505,6 +513,8 @@ def run_set(
             for aid, atom in atoms:
                 slot = slot_id(aid, agent_id, arm_label, rep)
                 slots.append(slot)
+                if shard is not None and int.from_bytes(slot[:8], "big") % shard[1] != shard[0]:
+                    continue
                 last = store.refs.get(slot_ref(slot))
                 attempt = 1
                 if last is not None:
@@ -525,7 +535,8 @@ def run_set(
 
     report = RunReport(view.task_set, agent_id, notices=notices)
     if store.refs.get(agent_ref(agent.name)) != agent_id:
-        store.refs.set(agent_ref(agent.name), agent_id, message="bench run")
+        # harnesses of one set may start together: retry, the last config named wins
+        store.refs.update(agent_ref(agent.name), lambda _cur: agent_id, message="bench run")
     for job, previous, slots in jobs:
         report.jobs.append(
             _run_job(store, view, impl, job, previous, slots, runs_dir, claim_timeout, progress)

@@ -25,6 +25,7 @@ from medomni_cas.cli._output import (
     to_builtins,
 )
 from medomni_cas.cli._progress import bar
+from medomni_cas.cli.studio import shard_arg
 from medomni_cas.studio.tasksets import show_set
 from medomni_cas.workspace import Workspace, load_workspace
 
@@ -79,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 max_attempts=args.max_attempts,
                 budget=args.budget,
                 progress=progress,
+                shard=args.shard,
             )
         except CheckFailed as e:
             sys.stderr.write(f"medomni: {e}\n")
@@ -177,6 +179,12 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="runs per slot when the infrastructure fails (default 3)",
     )
     r.add_argument("--budget", type=int, default=8, help="encoder calls per atom task")
+    r.add_argument(
+        "--shard",
+        type=shard_arg,
+        metavar="I/N",
+        help="run only the slots of shard I of N (0-based); machines can share a set",
+    )
     for opt in ("studio", "bench", "runs"):
         r.add_argument(f"--{opt}", metavar="DIR", help=f"{opt} folder (default: the workspace's)")
 

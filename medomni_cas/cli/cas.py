@@ -4,14 +4,20 @@ Every verb opens the store named by ``--store`` (default: the workspace's), call
 functions and prints their result as text or, with ``--json``, as JSON on stdout. Ids print
 in full; anywhere an id is read, a unique prefix of at least 8 hex characters or a ref name
 will do.
+
+``push`` / ``pull`` name a remote from the workspace's ``remotes:`` (default ``origin``,
+or the only one) or take a store URL; ``clone URL DEST`` makes a new store. Transfers
+draw a progress line on stderr when it is a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -28,11 +34,20 @@ from medomni_cas.cli._output import (
     json_mode,
     to_builtins,
 )
-from medomni_cas.errors import InvalidName, NotFound
+from medomni_cas.errors import ConflictError, InvalidName, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.refs import check_ref_name
-from medomni_cas.store.url import WORKSPACE_FILE, default_store_url
+from medomni_cas.store.url import (
+    DEFAULT_REMOTE,
+    WORKSPACE_FILE,
+    default_store_url,
+    remote_url,
+    workspace_remotes,
+)
+
+if TYPE_CHECKING:
+    from medomni_cas.store.sync import SyncProgress, SyncReport
 
 __all__ = ["register"]
 
@@ -248,6 +263,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_repack(args: argparse.Namespace) -> int:
+    """Merge a remote store's small packs into large ones (fewer indexes for readers)."""
+    with _open(args) as store:
+        backend = getattr(store.backend, "remote", store.backend)  # a cached store's remote
+        repack = getattr(backend, "repack", None)
+        merged = repack() if repack is not None else 0
+    emit(args, {"url": store.url, "merged": merged}, f"merged {merged} packs")
+    return EXIT_OK
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the objects reachable from ROOTs (and named refs) to a bundle file."""
     from medomni_cas.store.bundle import export_bundle
@@ -299,6 +324,157 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         oid = store.resolve(args.spec)
     emit(args, {"id": oid}, oid.hex())
     return EXIT_OK
+
+
+# -- remotes -------------------------------------------------------------------------------------
+class _ProgressLine:
+    """A one-line transfer counter on stderr, redrawn at most ten times a second, drawn
+    only when stderr is a terminal."""
+
+    def __init__(self, verb: str, moved: str) -> None:
+        self.verb, self.moved = verb, moved
+        self.enabled = sys.stderr.isatty()
+        self.last = 0.0
+        self.latest: SyncProgress | None = None
+        self.drawn = False
+
+    def __call__(self, p: SyncProgress) -> None:
+        self.latest = p
+        now = time.monotonic()
+        if self.enabled and now - self.last >= 0.1:
+            self.last = now
+            self._draw(p)
+
+    def _draw(self, p: SyncProgress) -> None:
+        sys.stderr.write(
+            f"\r{self.verb}: {p.sent:,} objects ({p.bytes / 1e6:,.1f} MB) {self.moved}, "
+            f"{p.checked:,} checked\x1b[K"
+        )
+        sys.stderr.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn and self.latest is not None:
+            self._draw(self.latest)
+        if self.drawn:
+            sys.stderr.write("\n")
+
+
+def _short(value: str | None) -> str:
+    return "-" if value is None else value[:12]
+
+
+def _emit_sync(args: argparse.Namespace, report: SyncReport, what: str) -> None:
+    lines = [
+        f"{what}: {report.objects:,} objects ({report.bytes / 1e6:,.1f} MB), "
+        f"{report.checked:,} ids checked"
+    ]
+    for r in report.refs:
+        change = _short(r.new) if r.old is None else f"{_short(r.old)} -> {_short(r.new)}"
+        if r.status == "unchanged":
+            change = _short(r.new)
+        elif r.status == "conflict":
+            change += f" (now {_short(r.current)})"
+        lines.append(f"  {r.status:<9} {r.name}  {change}")
+    emit(args, to_builtins(report), lines)
+
+
+def _sync(args: argparse.Namespace, what: str, moved: str, run: Callable[[Any], SyncReport]) -> int:
+    progress = _ProgressLine(what.split(" ", 1)[0], moved)
+    try:
+        try:
+            report = run(progress)
+        finally:
+            progress.close()
+    except ConflictError as e:
+        # the other refs were done: show them, then the error names the one that failed
+        partial = getattr(e, "report", None)
+        if partial is not None and not json_mode(args):
+            _emit_sync(args, partial, what)
+        raise
+    _emit_sync(args, report, what)
+    return EXIT_OK
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    """Send refs (default: all) and the objects they reach that the remote lacks."""
+    from medomni_cas.store.sync import push
+
+    url = remote_url(args.remote)
+    single = getattr(args, "single_writer", False)
+    with _open(args) as local, mc.open(url, single_writer=single) as remote:
+        return _sync(
+            args,
+            f"push to {remote.url}",
+            "sent",
+            lambda cb: push(local, remote, args.refs or None, force=args.force, progress=cb),
+        )
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Fetch refs (default: all) and the objects they reach that this store lacks."""
+    from medomni_cas.store.sync import pull
+
+    url = remote_url(args.remote)
+    with _open(args, create=True) as local, mc.open(url, create=False) as remote:
+        return _sync(
+            args,
+            f"pull from {remote.url}",
+            "fetched",
+            lambda cb: pull(local, remote, args.refs or None, force=args.force, progress=cb),
+        )
+
+
+def cmd_clone(args: argparse.Namespace) -> int:
+    """Copy a store (all its refs and what they reach) into a new store at DEST."""
+    from medomni_cas.store.sync import clone
+
+    ws = Path(WORKSPACE_FILE)
+    if args.workspace:  # refuse before copying anything
+        _check_workspace_store(ws, args.dest)
+        _check_workspace_remote(ws, DEFAULT_REMOTE, args.url)
+    single = getattr(args, "single_writer", False)
+    code = _sync(
+        args,
+        f"clone of {args.url} into {args.dest}",
+        "fetched",
+        lambda cb: clone(args.url, args.dest, progress=cb, single_writer=single),
+    )
+    if args.workspace:
+        _write_workspace(ws, args.dest)
+        _add_workspace_remote(ws, DEFAULT_REMOTE, args.url)
+    return code
+
+
+def _check_workspace_store(path: Path, url: str) -> None:
+    if not path.exists():
+        return
+    data = yaml.safe_load(path.read_text()) or {}
+    current = data.get("store") if isinstance(data, dict) else None
+    if current is not None and current != url:
+        raise ValueError(f"{path} already names store {current!r}; edit it to change stores")
+
+
+def _check_workspace_remote(path: Path, name: str, url: str) -> None:
+    current = workspace_remotes(path.parent).get(name) if path.exists() else None
+    if current is not None and current != url:
+        raise ValueError(f"{path} already names remote {name!r} as {current!r}")
+
+
+def _add_workspace_remote(path: Path, name: str, url: str) -> None:
+    _check_workspace_remote(path, name, url)
+    data = yaml.safe_load(path.read_text()) or {}
+    remotes = data.get("remotes")
+    if isinstance(remotes, dict) and name in remotes:
+        return
+    if remotes is None:
+        # append rather than re-dump, so the user's comments and layout survive
+        text = path.read_text()
+        sep = "" if not text or text.endswith("\n") else "\n"
+        path.write_text(text + sep + yaml.safe_dump({"remotes": {name: url}}, sort_keys=False))
+        return
+    data["remotes"] = {**remotes, name: url}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 # -- parsers -------------------------------------------------------------------------------------
@@ -369,6 +545,8 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
 
+    add_command(verbs, "repack", cmd_repack, "merge a remote store's small packs")
+
     p = add_command(verbs, "export", cmd_export, "write objects to a bundle file")
     p.add_argument("roots", metavar="ROOT", nargs="+", help="id, id prefix or ref name")
     p.add_argument("-o", "--output", required=True, metavar="FILE")
@@ -384,3 +562,34 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = add_command(verbs, "resolve", cmd_resolve, "print the full id of a prefix or ref")
     p.add_argument("spec", metavar="PREFIX")
+
+    p = add_command(verbs, "push", cmd_push, "send refs and what they reach to a remote")
+    _sync_arguments(p)
+
+    p = add_command(verbs, "pull", cmd_pull, "fetch refs and what they reach from a remote")
+    _sync_arguments(p)
+
+    p = add_command(verbs, "clone", cmd_clone, "copy a store into a new one")
+    p.add_argument("url", metavar="URL", help="the store to copy")
+    p.add_argument("dest", metavar="DEST", help="URL of the new store")
+    p.add_argument(
+        "--workspace",
+        action="store_true",
+        help=f"record DEST as the store and URL as remote {DEFAULT_REMOTE!r} in ./{WORKSPACE_FILE}",
+    )
+
+
+def _sync_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "remote",
+        metavar="REMOTE",
+        nargs="?",
+        help=f"a remote named in {WORKSPACE_FILE}, or a store URL (default: "
+        f"{DEFAULT_REMOTE!r}, or the only remote)",
+    )
+    p.add_argument("refs", metavar="REF", nargs="*", help="the refs (default: all)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="move refs even when that drops a value the other side never saw",
+    )

@@ -121,7 +121,16 @@ def cmd_taskset_build(args: argparse.Namespace) -> int:
             data_root=args.data_root,
             progress=lambda msg: b.set_postfix_str(msg[-60:]),
             on_pair=lambda _pair, _builds: b.update(1),
+            shard=args.shard,
         )
+    if built is None:
+        emit(
+            args,
+            {"name": args.name, "shard": list(args.shard)},
+            f"built shard {args.shard[0]}/{args.shard[1]} of {args.name}; build it once "
+            "without --shard to record the set",
+        )
+        return EXIT_OK
     data = {
         "name": built.name,
         "task_set": built.task_set,
@@ -239,6 +248,18 @@ def cmd_template_signoff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def shard_arg(text: str) -> tuple[int, int]:
+    """``I/N`` -> (I, N), 0 <= I < N."""
+    i, sep, n = text.partition("/")
+    try:
+        shard = (int(i), int(n))
+    except ValueError:
+        shard = (-1, 0)
+    if not sep or not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+        raise argparse.ArgumentTypeError(f"want I/N with 0 <= I < N, such as 0/4; got {text!r}")
+    return shard
+
+
 # -- parser --------------------------------------------------------------------------------------
 def _folders(p: argparse.ArgumentParser, *, bench: bool = False, data: bool = False) -> None:
     p.add_argument("--studio", metavar="DIR", help="studio folder (default: the workspace's)")
@@ -273,6 +294,12 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ts = _group(studio, "taskset", "task sets, <benchmark>/<set>")
     p = add_command(ts, "build", cmd_taskset_build, "build a task set and record it")
     p.add_argument("name", metavar="BENCHMARK/SET")
+    p.add_argument(
+        "--shard",
+        type=shard_arg,
+        metavar="I/N",
+        help="build only shard I of N (0-based) and record nothing",
+    )
     _folders(p, bench=True, data=True)
     p = add_command(ts, "show", cmd_taskset_show, "show a recorded task set and its build")
     p.add_argument("name", metavar="BENCHMARK/SET")

@@ -4,22 +4,47 @@
 (a git-like folder of files) and any other fsspec URL (``s3://bucket/prefix``, ``gs://…``).
 Third-party backends register a class with a ``from_url`` classmethod in the
 ``medomni.backends`` entry point group under their scheme.
+
+A remote store can be opened behind a local cache of its objects
+(`medomni_cas.store.backends.cached`): ``open_store("s3://bucket/prefix", cache=True)``
+keeps the cache in ``$XDG_CACHE_HOME/medomni/<hash of the URL>`` (``~/.cache`` by default);
+``cache="lmdb://PATH"`` puts it elsewhere.
+
+A workspace folder's ``workspace.yaml`` names its store and its remotes::
+
+    store: lmdb://./.medomni/store
+    remotes:
+      origin: s3://bucket/prefix?endpoint_url=http://127.0.0.1:9000
+
+Relative ``lmdb://`` and ``file://`` paths in it are relative to the file.
 """
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
+import blake3
 import yaml
 
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.store import Store
 
-__all__ = ["DEFAULT_STORE_URL", "default_store_url", "open_backend", "open_store"]
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "default_cache_url",
+    "default_store_url",
+    "open_backend",
+    "open_store",
+    "remote_url",
+    "workspace_remotes",
+]
 
 DEFAULT_STORE_URL = "lmdb://./.medomni/store"
 WORKSPACE_FILE = "workspace.yaml"
+DEFAULT_REMOTE = "origin"
 
 _BUILTIN = {
     "memory": "medomni_cas.store.backends.memory:MemoryBackend",
@@ -45,21 +70,82 @@ def _backend_class(scheme: str) -> type[Backend]:
     return _load(_FSSPEC)
 
 
+# -- workspace.yaml --------------------------------------------------------------------------
+def _workspace(start: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    ws = Path(start) / WORKSPACE_FILE
+    if not ws.is_file():
+        return None
+    data = yaml.safe_load(ws.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{ws}: expected a mapping at the top level")
+    return ws, data
+
+
+def _relative_to(ws: Path, url: str) -> str:
+    """Relative local paths in a workspace file are relative to that file."""
+    for scheme in ("lmdb://", "file://"):
+        if url.startswith(scheme) and not url.startswith(scheme + "/"):
+            rel, sep, query = url.removeprefix(scheme).partition("?")
+            path = Path(rel).expanduser()
+            return scheme + str((ws.parent / path).resolve()) + sep + query
+    return url
+
+
 def default_store_url(start: str | Path = ".") -> str:
     """The store of the workspace in ``start`` (its workspace.yaml), else the default."""
-    ws = Path(start) / WORKSPACE_FILE
-    if ws.is_file():
-        data = yaml.safe_load(ws.read_text()) or {}
-        url = data.get("store") if isinstance(data, dict) else None
+    found = _workspace(start)
+    if found is not None:
+        ws, data = found
+        url = data.get("store")
         if url is not None:
             if not isinstance(url, str):
                 raise ValueError(f"{ws}: field 'store' must be a URL string")
-            if url.startswith("lmdb://") and not url.startswith("lmdb:///"):
-                # relative paths in a workspace file are relative to that file
-                rel = url.removeprefix("lmdb://")
-                return "lmdb://" + str((ws.parent / rel).resolve())
+            if url.startswith("lmdb://"):
+                return _relative_to(ws, url)
             return url
     return DEFAULT_STORE_URL
+
+
+def workspace_remotes(start: str | Path = ".") -> dict[str, str]:
+    """The ``remotes:`` of the workspace in ``start``: name -> URL (empty without one)."""
+    found = _workspace(start)
+    if found is None:
+        return {}
+    ws, data = found
+    remotes = data.get("remotes") or {}
+    if not isinstance(remotes, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in remotes.items()
+    ):
+        raise ValueError(f"{ws}: field 'remotes' must map names to URL strings")
+    return {name: _relative_to(ws, url) for name, url in remotes.items()}
+
+
+def remote_url(name: str | None = None, start: str | Path = ".") -> str:
+    """The URL of a remote: ``name`` as a URL if it has ``://``, else looked up in the
+    workspace; with no name, ``origin`` or the workspace's only remote."""
+    if name is not None and "://" in name:
+        return name
+    remotes = workspace_remotes(start)
+    where = Path(start) / WORKSPACE_FILE
+    if name is None:
+        if DEFAULT_REMOTE in remotes:
+            return remotes[DEFAULT_REMOTE]
+        if len(remotes) == 1:
+            return next(iter(remotes.values()))
+        known = ", ".join(sorted(remotes)) or "none"
+        raise ValueError(f"{where}: name a remote (known: {known}) or give a URL")
+    if name not in remotes:
+        known = ", ".join(sorted(remotes)) or "none"
+        raise ValueError(f"{where}: no remote named {name!r} (known: {known})")
+    return remotes[name]
+
+
+# -- opening ---------------------------------------------------------------------------------
+def default_cache_url(url: str) -> str:
+    """Where ``open_store(url, cache=True)`` keeps its cache: one LMDB store per URL."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = blake3.blake3(url.encode()).hexdigest()[:16]
+    return f"lmdb://{os.path.join(base, 'medomni', digest)}"
 
 
 def open_backend(url: str, *, create: bool = True) -> Backend:
@@ -76,9 +162,26 @@ def open_backend(url: str, *, create: bool = True) -> Backend:
 
 
 def open_store(
-    url: str | None = None, *, single_writer: bool = False, create: bool = True
+    url: str | None = None,
+    *,
+    single_writer: bool = False,
+    create: bool = True,
+    cache: bool | str | None = None,
 ) -> Store:
     """Open the store at ``url``; with none, the workspace's store, else
-    ``lmdb://./.medomni/store``. With ``create=False`` a local store must already exist."""
+    ``lmdb://./.medomni/store``. With ``create=False`` a local store must already exist.
+
+    ``cache`` puts a local object cache in front (for remote stores): True for the default
+    place (`default_cache_url`), or the URL of the cache store. Refs stay the remote's;
+    objects written reach it when a ref is set to them (`CachedBackend`)."""
     backend = open_backend(url or default_store_url(), create=create)
+    if cache:
+        from medomni_cas.store.backends.cached import CachedBackend
+
+        local_url = default_cache_url(backend.url) if cache is True else str(cache)
+        try:
+            backend = CachedBackend(open_backend(local_url), backend)
+        except BaseException:
+            backend.close()
+            raise
     return Store(backend, single_writer=single_writer)

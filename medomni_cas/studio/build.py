@@ -382,6 +382,8 @@ def build_pair(
             store.refs.add_if_new(cache, result, f"build {cfg.pair} {ab.name} {v.name}".strip())
         ref = pair_ref(cfg.pair, ab.name, v.name)
         if store.refs.get(ref) != result:
-            store.refs.set(ref, result, message=f"build {cfg.pair} version {cfg.version}")
+            store.refs.update(
+                ref, lambda _cur, r=result: r, message=f"build {cfg.pair} version {cfg.version}"
+            )
         out.append(Built(cfg.pair, ab.name, v.name, result, cfg_id, cached))
     return out

@@ -170,9 +170,17 @@ def build_set(
     data_root: str | Path | None = None,
     progress: Progress | None = None,
     on_pair: Callable[[str, list[Built]], None] | None = None,
-) -> SetBuilt:
+    shard: tuple[int, int] | None = None,
+) -> SetBuilt | None:
     """Build every pair of ``<benchmark>/<set>`` under every arm, record the set (refusing
-    an update that does not only grow) and its build."""
+    an update that does not only grow) and its build.
+
+    ``shard=(i, n)`` builds only every n-th pair from the i-th and records nothing: any
+    number of machines can build shards into one store, then one unsharded build (which
+    finds every pair built and renders nothing) records the set. Returns None for a shard.
+    """
+    if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+        raise TaskSetError(f"shard {shard[0]}/{shard[1]}: want i/n with 0 <= i < n")
     bench_name, set_name = split_set_name(name)
     folder = open_benchmark(bench_name, bench_root=bench, studio=studio)
     if set_name not in folder.sets:
@@ -186,13 +194,18 @@ def build_set(
     if old is not None and old != store.put(rec):
         check_grows(store.get(old, TaskSetRecord), rec)  # refuse before building anything
     built: list[Built] = []
-    for template, cohort, arms in _plan(ts, Path(studio), name):
+    plan = _plan(ts, Path(studio), name)
+    if shard is not None:
+        plan = plan[shard[0] :: shard[1]]
+    for template, cohort, arms in plan:
         pair = build_pair(
             store, studio, template, cohort, arms=arms, data_root=data_root, progress=progress
         )
         built += pair
         if on_pair is not None:
             on_pair(f"{template}@{cohort}", pair)
+    if shard is not None:
+        return None
     rid = record_task_set(store, rec)
     store.put(benchmark_card(folder))
     entries = []
@@ -359,6 +372,7 @@ def rebuild(
     built = build_set(
         store, name, studio=studio, bench=bench, data_root=data_root, progress=progress
     )
+    assert built is not None  # unsharded
     if built.task_set != pub.task_set:
         raise TaskSetError(
             f"task set {name}: the local sets file differs from the published one "

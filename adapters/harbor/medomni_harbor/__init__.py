@@ -1,0 +1,1 @@
+"""medomni-harbor: the Harbor runner plug-in."""

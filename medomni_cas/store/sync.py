@@ -1,0 +1,414 @@
+"""Push, pull and clone: copy refs, and the objects they reach, between any two stores.
+
+Only what the other side lacks travels. The walk starts at the roots, asks the destination
+which ids of a whole frontier it is missing (one `Backend.missing` call per level of the
+DAG, which a remote answers from its pack index and one listing, in the manner of Bazel's
+FindMissingBlobs) and descends only into missing objects: an object the destination has
+comes with its closure, because sync writes an object only once every object it links to
+is durably there (children in an earlier batch than their parents). So an interrupted
+push or pull resumes by running it again: the walk stops where the last run got to.
+
+Every object read from the source is verified before it is written: its bytes must hash
+to its id (else `IntegrityError`, naming the id and the source, and nothing of the
+unwritten batch is stored) and be canonical (else `InvalidObject`), as
+`Store.put_raw_many` checks them. Objects are read in batches sized from the previous
+batch's mean object size (about `READ_BYTES` each) and written in batches of up to
+`WRITE_BYTES` / `WRITE_ITEMS`, one backend ``put_many`` each: one pack on a remote.
+
+Refs. For each ref, with S its value on the source and D its value on the destination
+when the sync starts:
+
+* D == S: nothing to do, and nothing more is read: a push with nothing new costs one
+  read of each ref on the destination (one GET on s3).
+* D absent: the ref is created, create-only.
+* Otherwise S replaces D if S *supersedes* D: D is reachable from S (S was made from
+  D), or D appears in the source's history of that ref (the source saw D and moved
+  on). If not, moving the ref would lose an update made elsewhere: it is refused with
+  `RefRejected` unless ``force=True`` (pull first, and combine).
+
+The update is a compare-and-swap from D, so a writer that moved the ref meanwhile makes
+it fail with `ConflictError` naming the current value: no update is ever lost. A failing
+ref does not stop the others; the error raised at the end carries the full report as
+``.report``. A ref deleted on the source is left alone on the destination.
+
+Limit: the walk costs one presence round trip per level of the DAG, so a long chain
+(each object linking only the previous one) costs one round trip per link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, NamedTuple
+
+import blake3
+import msgspec
+
+from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
+from medomni_cas.store import encoding
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.refs import check_ref_name
+from medomni_cas.store.store import Store
+
+__all__ = [
+    "READ_BYTES",
+    "WRITE_BYTES",
+    "WRITE_ITEMS",
+    "RefChange",
+    "RefRejected",
+    "SyncProgress",
+    "SyncReport",
+    "clone",
+    "pull",
+    "push",
+    "send",
+    "transfer",
+]
+
+#: A read batch asks for about this many bytes (judged from the previous batch).
+READ_BYTES = 64 << 20
+#: A write batch holds at most this many bytes…
+WRITE_BYTES = 64 << 20
+#: …and this many objects.
+WRITE_ITEMS = 65_536
+_FIRST_READ = 64
+_MAX_READ = 65_536
+
+CREATED = "created"
+UPDATED = "updated"
+UNCHANGED = "unchanged"
+REJECTED = "rejected"
+CONFLICT = "conflict"
+
+
+class SyncProgress(NamedTuple):
+    """Where a transfer is: ids checked at the destination, objects and bytes written."""
+
+    checked: int
+    sent: int
+    bytes: int
+
+
+Callback = Callable[[SyncProgress], None]
+
+
+class RefChange(msgspec.Struct, omit_defaults=True):
+    """What happened to one ref: ``status`` is created, updated, unchanged, rejected (not a
+    fast-forward) or conflict (moved meanwhile). Ids are hex; ``old`` is the destination's
+    value when the sync started, ``new`` the source's, ``current`` the destination's value
+    after a conflict."""
+
+    name: str
+    status: str
+    old: str | None = None
+    new: str | None = None
+    current: str | None = None
+
+
+class SyncReport(msgspec.Struct):
+    """A sync: the two stores, what was written (objects, bytes), how many ids were
+    checked at the destination, and each ref's fate."""
+
+    src: str
+    dst: str
+    objects: int = 0
+    bytes: int = 0
+    checked: int = 0
+    refs: list[RefChange] = []
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status not in (REJECTED, CONFLICT) for r in self.refs)
+
+
+class RefRejected(ConflictError):
+    """Moving a ref would drop a value the source never saw (not a fast-forward).
+
+    ``current`` is the destination's value, ``incoming`` the source's (hex)."""
+
+    def __init__(self, name: str, dst_url: str, current: str, incoming: str, src_url: str):
+        super().__init__(name, current, current)
+        self.args = (
+            f"{dst_url}: ref {name!r} is {current}, which {incoming} from {src_url} neither "
+            "descends from nor has in its history; pull and combine first, or force",
+        )
+        self.incoming = incoming
+        self.report: SyncReport | None = None
+
+
+def _hex(oid: bytes | None) -> str | None:
+    return None if oid is None else bytes(oid).hex()
+
+
+# -- objects ---------------------------------------------------------------------------------
+class _Sender:
+    """One transfer of closures from ``src`` to ``dst`` (see the module docstring)."""
+
+    def __init__(self, src: Store, dst: Store, progress: Callback | None) -> None:
+        self.src, self.dst = src, dst
+        self.progress = progress
+        self.pending: set[bytes] = set()  # missing at dst and not written yet
+        self.parents: dict[bytes, list[bytes]] = {}  # pending id -> objects waiting on it
+        self.waiting: dict[bytes, list[object]] = {}  # id -> [pending children, bytes]
+        self.buffer: list[tuple[bytes, bytes]] = []
+        self.buffer_bytes = 0
+        self.read_batch = _FIRST_READ
+        self.checked = self.sent = self.nbytes = 0
+
+    def run(self, roots: Iterable[bytes]) -> None:
+        roots = list(dict.fromkeys(roots))
+        if not roots:
+            return
+        seen: set[bytes] = set(roots)
+        frontier = self._missing(roots)
+        while frontier:
+            candidates: list[bytes] = []
+            interior: list[tuple[bytes, bytes, list[ObjectId]]] = []
+            i = 0
+            while i < len(frontier):
+                part = frontier[i : i + self.read_batch]
+                i += len(part)
+                size = 0
+                for key, data in self.src.backend.get_many(part):
+                    if data is None:
+                        raise NotFound("object", f"{bytes(key).hex()} (in {self.src.url})")
+                    size += len(data)
+                    links = self._check(key, data)
+                    if not links:
+                        self._ready(key, data)
+                        continue
+                    for link in links:
+                        if link not in seen:
+                            seen.add(link)
+                            candidates.append(link)
+                    interior.append((key, data, links))
+                mean = max(size // len(part), 1)
+                self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
+            frontier = self._missing(candidates) if candidates else []
+            for key, data, links in interior:
+                n = 0
+                for link in links:
+                    if link in self.pending:
+                        self.parents.setdefault(link, []).append(key)
+                        n += 1
+                if n:
+                    self.waiting[key] = [n, data]
+                else:
+                    self._ready(key, data)
+        while self.buffer:
+            self._flush()
+        if self.waiting:  # cannot happen: every pending child is read and written
+            left = next(iter(self.waiting))
+            raise RuntimeError(f"sync to {self.dst.url}: {left.hex()} still waits on children")
+
+    def _missing(self, keys: list[bytes]) -> list[bytes]:
+        missing = self.dst.backend.missing(keys)
+        self.checked += len(keys)
+        self.pending.update(missing)
+        self._tick()
+        return missing
+
+    def _check(self, key: bytes, data: bytes) -> list[ObjectId]:
+        got = blake3.blake3(data).digest()
+        if got != key:
+            raise IntegrityError(bytes(key).hex(), got.hex(), self.src.url)
+        try:
+            encoding.validate_canonical(data)
+            return encoding.links(data)
+        except InvalidObject as e:
+            raise InvalidObject(f"object {bytes(key).hex()} in {self.src.url}: {e}") from None
+
+    def _ready(self, key: bytes, data: bytes) -> None:
+        self.buffer.append((key, data))
+        self.buffer_bytes += len(data)
+        while len(self.buffer) >= WRITE_ITEMS or self.buffer_bytes >= WRITE_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the buffer; then the objects waiting only on it become ready (next batch)."""
+        batch, self.buffer = self.buffer, []
+        self.buffer_bytes = 0
+        if not batch:
+            return
+        self.dst.backend.put_many(batch)
+        self.sent += len(batch)
+        for key, data in batch:
+            self.nbytes += len(data)
+            self.pending.discard(key)
+            for parent in self.parents.pop(key, ()):
+                entry = self.waiting[parent]
+                entry[0] -= 1  # type: ignore[operator]
+                if entry[0] == 0:
+                    del self.waiting[parent]
+                    data_p: bytes = entry[1]  # type: ignore[assignment]
+                    self.buffer.append((parent, data_p))
+                    self.buffer_bytes += len(data_p)
+        self._tick()
+
+    def _tick(self) -> None:
+        if self.progress:
+            self.progress(SyncProgress(self.checked, self.sent, self.nbytes))
+
+
+def send(
+    src: Store, dst: Store, roots: Iterable[ObjectId | bytes], *, progress: Callback | None = None
+) -> SyncReport:
+    """Copy the closures of ``roots`` from ``src`` to ``dst``, only what ``dst`` lacks.
+
+    No ref changes. A missing object in ``src`` raises `NotFound`; a corrupt one
+    `IntegrityError`. Returns a report with no refs."""
+    sender = _Sender(src, dst, progress)
+    sender.run(bytes(r) for r in roots)
+    return SyncReport(
+        src=src.url, dst=dst.url, objects=sender.sent, bytes=sender.nbytes, checked=sender.checked
+    )
+
+
+# -- refs ------------------------------------------------------------------------------------
+def _ref_values(store: Store, names: list[str]) -> dict[str, bytes | None]:
+    """The value of each ref, read in one batch where the backend can (remote: concurrently)."""
+    for name in names:
+        check_ref_name(name)
+    get_many = getattr(store.backend, "ref_get_many", None)
+    values = get_many(names) if get_many is not None else [store.backend.ref_get(n) for n in names]
+    return {n: None if v is None else bytes(v) for n, v in zip(names, values, strict=True)}
+
+
+def _reachable(store: Store, target: bytes, start: bytes) -> bool:
+    return any(oid == target for oid, _ in store.walk([ObjectId(start)], allow_missing=True))
+
+
+def _in_history(store: Store, name: str, value: bytes) -> bool:
+    return any(value in (e.old, e.new) for e in store.refs.history(name))
+
+
+def _supersedes(
+    src: Store, dst: Store, local: Literal["src", "dst"], name: str, old: bytes, new: bytes
+) -> bool:
+    """Whether ``new`` (from src) may replace ``old`` (at dst); the cheap checks first:
+    walks run on the local side, which holds the closure of ``new``."""
+    if local == "src":
+        return _in_history(src, name, old) or _reachable(src, old, new)
+    return _reachable(dst, old, new) or _in_history(src, name, old)
+
+
+def transfer(
+    src: Store,
+    dst: Store,
+    refs: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    progress: Callback | None = None,
+    local: Literal["src", "dst"] = "src",
+    verb: str = "sync",
+) -> SyncReport:
+    """Copy ``refs`` (default: every ref of ``src``) and their closures to ``dst``.
+
+    ``local`` names the side that is cheap to walk (it decides where the fast-forward
+    check runs); ``verb`` goes into the destination's ref history. See the module
+    docstring for the rules; raises `RefRejected` or `ConflictError` (with ``.report``)
+    after the other refs are done."""
+    if refs is None:
+        src_refs = {name: bytes(v) for name, v in src.refs.items()}
+    else:
+        src_refs = {}
+        for name, value in _ref_values(src, list(dict.fromkeys(refs))).items():
+            if value is None:
+                raise NotFound("ref", f"{name} (in {src.url})")
+            src_refs[name] = value
+    changes: dict[str, RefChange] = {}
+    before = _ref_values(dst, list(src_refs))
+    todo: list[str] = []
+    for name, new in src_refs.items():
+        if before[name] == new:
+            changes[name] = RefChange(name, UNCHANGED, _hex(new), _hex(new))
+        else:
+            todo.append(name)
+    if todo:
+        dst.refs.check_writable()  # before anything is sent
+
+    def rejected(name: str) -> bool:
+        old = before[name]
+        if force or old is None:
+            return False
+        if _supersedes(src, dst, local, name, old, src_refs[name]):
+            return False
+        changes[name] = RefChange(name, REJECTED, _hex(old), _hex(src_refs[name]))
+        return True
+
+    if local == "src":
+        todo = [n for n in todo if not rejected(n)]
+    sent = send(src, dst, [src_refs[n] for n in todo], progress=progress)
+    if local == "dst":
+        todo = [n for n in todo if not rejected(n)]
+    for name in todo:
+        old, new = before[name], src_refs[name]
+        if dst.refs.set_if_equals(name, old, new, message=f"{verb} from {src.url}"):
+            changes[name] = RefChange(
+                name, CREATED if old is None else UPDATED, _hex(old), _hex(new)
+            )
+        else:
+            current = dst.refs.get(name)
+            changes[name] = RefChange(name, CONFLICT, _hex(old), _hex(new), _hex(current))
+    sent.refs = [changes[n] for n in src_refs]
+    _raise_failures(sent)
+    return sent
+
+
+def _raise_failures(report: SyncReport) -> None:
+    for change in report.refs:
+        if change.status == REJECTED:
+            err: ConflictError = RefRejected(
+                change.name, report.dst, change.old or "", change.new or "", report.src
+            )
+        elif change.status == CONFLICT:
+            err = ConflictError(change.name, change.old, change.current)
+            err.args = (f"{report.dst}: {err.args[0]}",)
+        else:
+            continue
+        err.report = report  # type: ignore[attr-defined]
+        raise err
+
+
+def push(
+    local: Store,
+    remote: Store,
+    refs: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    progress: Callback | None = None,
+) -> SyncReport:
+    """Send ``refs`` (default: all of ``local``'s) and what they reach to ``remote``."""
+    return transfer(local, remote, refs, force=force, progress=progress, local="src", verb="push")
+
+
+def pull(
+    local: Store,
+    remote: Store,
+    refs: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    progress: Callback | None = None,
+) -> SyncReport:
+    """Fetch ``refs`` (default: all of ``remote``'s) and what they reach into ``local``."""
+    return transfer(remote, local, refs, force=force, progress=progress, local="dst", verb="pull")
+
+
+def clone(
+    url: str,
+    dest: str,
+    *,
+    refs: Sequence[str] | None = None,
+    progress: Callback | None = None,
+    single_writer: bool = False,
+) -> SyncReport:
+    """Make the store at ``dest`` a copy of the store at ``url`` (all refs, or ``refs``).
+
+    ``dest`` must have no refs yet: to update a store, pull into it."""
+    from medomni_cas.store.url import open_store
+
+    with open_store(url, create=False) as src, open_store(dest, single_writer=single_writer) as dst:
+        if next(iter(dst.refs), None) is not None:
+            raise ValueError(
+                f"{dest} already has refs; clone makes a new store (pull to update one)"
+            )
+        return pull(dst, src, refs, progress=progress)
