@@ -3,7 +3,9 @@
     python -m examples.synth --patients 200 --seed 0 --out examples/studio/datasets/synth-ehr/data
 
 writes five Parquet tables (patients, encounters, vitals, labs, medications) and one array
-family, ``ecg.zarr`` (a zarr v3 group: ``signal``, one resting 12-lead ECG per patient —
+family, the ECG: a zarr v3 group stored in a medomni store (``arrays/``, ref
+``synth-ehr/ecg``; chunks are content-addressed blobs): ``signal``, one resting 12-lead ECG
+per patient —
 10 s at 500 Hz, in microvolts, shaped as MIMIC-IV-ECG's records are —, and ``patient_id``,
 the patient of each row).
 
@@ -24,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zarr
-from zarr.storage import LocalStore
+
+import medomni_cas as mc
+from medomni_cas.views.zarr_store import CASStore
 
 __all__ = [
     "BLOCK",
@@ -43,6 +47,8 @@ ECG_HZ = 500
 ECG_SAMPLES = 10 * ECG_HZ
 ECG_LEADS = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6")
 ECG_CHUNK = 100  # patients per zarr chunk (12 MB of int16)
+ARRAYS = "arrays"  # the medomni store holding the array families, in the output folder
+ECG_REF = "synth-ehr/ecg"
 # how strongly each lead sees the heart's main axis (aVR looks at it from the other side)
 _LEAD_GAIN = np.array([0.6, 1.0, 0.4, -0.8, 0.1, 0.7, -0.3, 0.2, 0.6, 1.1, 1.0, 0.8])
 TABLES = ("patients", "encounters", "vitals", "labs", "medications")
@@ -263,7 +269,11 @@ def generate(out: str | Path, *, patients: int, seed: int = 0) -> Path:
         raise ValueError(f"patients must be between 1 and 10,000,000, got {patients}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    group = zarr.open_group(store=LocalStore(root / "ecg.zarr"), mode="w", zarr_format=3)
+    # the ECG goes into a medomni store as a zarr hierarchy over the CAS: chunks are blobs,
+    # and the ref ECG_REF names the tree of the whole family
+    arrays = mc.open(f"lmdb://{(root / ARRAYS).resolve()}")
+    cas = CASStore(arrays)
+    group = zarr.open_group(store=cas, mode="w", zarr_format=3)
     group.attrs.update(
         {
             "leads": list(ECG_LEADS),
@@ -287,6 +297,9 @@ def generate(out: str | Path, *, patients: int, seed: int = 0) -> Path:
             parts[name].append(table)
         signal[b * BLOCK : b * BLOCK + keep] = block.ecg
         pid[b * BLOCK : b * BLOCK + keep] = block.ids
+    cas.commit()
+    arrays.refs.update(ECG_REF, lambda _old: cas.root, message=f"{patients} patients, seed {seed}")
+    arrays.close()
     for name, tables in parts.items():
         table = pa.concat_tables(tables).combine_chunks()
         pq.write_table(table, root / f"{name}.parquet", compression="zstd")

@@ -30,6 +30,7 @@ from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build
+from medomni_cas.studio.arrays import array_digest
 from medomni_cas.studio.evidence import BuildError, Selection, evidence_files, select_cohort
 from medomni_cas.studio.labels import read_table
 from medomni_cas.studio.records import (
@@ -151,18 +152,22 @@ def _check_version(old: BuildConfig, new: BuildConfig) -> None:
 
 # -- data -----------------------------------------------------------------------------------
 def _data_digest(ds: Dataset, root: Path) -> str:
-    """BLAKE3 of every data file the dataset names; keys the rebuild cache, never a config."""
+    """BLAKE3 of every data file the dataset names (an array family in a store: its tree
+    id); keys the rebuild cache, never a config."""
     h = blake3.blake3()
-    paths = [root / t.file for t in ds.tables]
-    for a in ds.arrays:
-        base = root / a.store
-        paths += sorted(p for p in base.rglob("*") if p.is_file())
-    for p in paths:
+    for t in ds.tables:
+        p = root / t.file
         if not p.is_file():
             raise BuildError(f"dataset {ds.name}: data file {p} is missing")
-        h.update(os.fsencode(p.relative_to(root)) + b"\0")
+        h.update(os.fsencode(t.file) + b"\0")
         h.update(p.read_bytes())
         h.update(b"\0")
+    for a in ds.arrays:
+        if not (root / a.store).exists():
+            raise BuildError(
+                f"dataset {ds.name}: array family {a.name}: {root / a.store} is missing"
+            )
+        h.update(a.name.encode() + b"\0" + array_digest(root, a) + b"\0")
     return h.hexdigest()
 
 

@@ -21,9 +21,9 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import zarr
 
 from medomni_cas.errors import MedomniError
+from medomni_cas.studio.arrays import open_array_group
 from medomni_cas.studio.labels import Guard, Recipe, Value
 from medomni_cas.studio.schema import Cohort, TemplateFolder
 
@@ -210,26 +210,26 @@ def evidence_files(
     for a in ds.arrays:
         if a.name in cut_families:
             continue
-        group = zarr.open_group(str(root / a.store), mode="r")
-        ids = np.asarray(group["patient_id"][:]).tolist()
-        row_of = {p: i for i, p in enumerate(ids)}
-        attrs = _SORTED.encode(dict(group.attrs)) + b"\n"
-        family_of[f"{a.name}.attrs.json"] = a.name
-        for arr_name, arr in sorted(group.arrays()):
-            if arr_name == "patient_id":
-                continue
-            fname = f"{a.name}.{arr_name}.npy"
-            family_of[fname] = a.name
-            present = [p for p in co.patients if p in row_of]
-            if not present:
-                continue
-            # one orthogonal read decodes each chunk once, not once per patient
-            rows = np.asarray(arr.oindex[np.asarray([row_of[p] for p in present])])
-            for p, row in zip(present, rows, strict=True):
-                buf = io.BytesIO()
-                np.lib.format.write_array(buf, np.ascontiguousarray(row), version=(1, 0))
-                files[p][fname] = buf.getvalue()
-        for p in co.patients:
-            if p in row_of:
-                files[p][f"{a.name}.attrs.json"] = attrs
+        with open_array_group(root, a) as group:
+            ids = np.asarray(group["patient_id"][:]).tolist()
+            row_of = {p: i for i, p in enumerate(ids)}
+            attrs = _SORTED.encode(dict(group.attrs)) + b"\n"
+            family_of[f"{a.name}.attrs.json"] = a.name
+            for arr_name, arr in sorted(group.arrays()):
+                if arr_name == "patient_id":
+                    continue
+                fname = f"{a.name}.{arr_name}.npy"
+                family_of[fname] = a.name
+                present = [p for p in co.patients if p in row_of]
+                if not present:
+                    continue
+                # one orthogonal read decodes each chunk once, not once per patient
+                rows = np.asarray(arr.oindex[np.asarray([row_of[p] for p in present])])
+                for p, row in zip(present, rows, strict=True):
+                    buf = io.BytesIO()
+                    np.lib.format.write_array(buf, np.ascontiguousarray(row), version=(1, 0))
+                    files[p][fname] = buf.getvalue()
+            for p in co.patients:
+                if p in row_of:
+                    files[p][f"{a.name}.attrs.json"] = attrs
     return files, family_of

@@ -202,17 +202,31 @@ class Table(Spec, kw_only=True):
 
 
 class ArrayFamily(Spec, kw_only=True):
-    """A family stored as arrays in a zarr v3 store (relative to the dataset folder)."""
+    """A family stored as zarr v3 arrays: a ``.zarr`` folder, or (with ``ref``) a medomni
+    store folder whose ref ``ref`` names the hierarchy's tree (`medomni_cas.views.zarr_store`).
+    Paths are relative to the dataset folder."""
 
     name: str
     store: str
+    ref: str = ""
     description: str = ""
 
     def problems(self) -> Problems:
         if msg := _relative(self.store):
             yield "store", msg
-        if not self.store.rstrip("/").endswith(".zarr"):
-            yield "store", f"an array family is a .zarr store; got {self.store!r}"
+        if self.ref:
+            from medomni_cas.errors import InvalidName
+            from medomni_cas.store.refs import check_ref_name
+
+            try:
+                check_ref_name(self.ref)
+            except InvalidName as e:
+                yield "ref", str(e)
+        elif not self.store.rstrip("/").endswith(".zarr"):
+            yield (
+                "store",
+                f"an array family is a .zarr folder, or a store with a ref; got {self.store!r}",
+            )
 
 
 class Route(Spec, kw_only=True):
