@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import pytest
 
 from examples import synth
+from medomni_cas.studio import folders
 from medomni_cas.studio import labels as L
 from medomni_cas.studio import schema as s
 
@@ -190,7 +191,7 @@ def test_function_recipe_from_a_file(tmp_path: Path, labs: pa.Table, fresh_regis
           guards: [{table: labs, where: {test: eGFR}}]
         """,
     )
-    label = s.load_dataset(folder).label("egfr_count")
+    label = folders.load_dataset(folder).label("egfr_count")
     assert isinstance(label, L.FunctionRecipe) and label.kind == "numeric"
     assert label.all_guards() == (L.Guard(table="labs", where={"test": "eGFR"}),)
     assert run(label, labs, [(1, day(4)), (2, day(1))]) == [2.0, 0.0]
@@ -202,7 +203,7 @@ def test_function_recipe_must_declare_guards(tmp_path: Path, fresh_registry: Non
     L.register("count_before", count_rows)
     folder = dataset_with(tmp_path, "- {name: n, recipe: count_before, table: labs}\n")
     with pytest.raises(s.SpecError, match=r"labels\[2\]\.guards: a plugged-in recipe must"):
-        s.load_dataset(folder)
+        folders.load_dataset(folder)
 
 
 def test_entry_point_plugin(
@@ -244,7 +245,7 @@ def test_entry_point_plugin(
 # -- on the example dataset ------------------------------------------------------------------
 def test_example_labels_on_synthetic_data(tmp_path: Path) -> None:
     synth.generate(tmp_path / "data", patients=300, seed=3)
-    ds = s.load_dataset(EXAMPLES / "studio/datasets/synth-ehr")
+    ds = folders.load_dataset(EXAMPLES / "studio/datasets/synth-ehr")
     table_of = {t.name: t for t in ds.tables}
     labs = L.read_table(tmp_path / table_of["labs"].file)
     enc = L.read_table(tmp_path / table_of["encounters"].file)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from medomni_cas.errors import MedomniError
+from medomni_cas.studio import folders, specfile
 from medomni_cas.studio import schema as s
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -28,7 +29,7 @@ def tree(tmp_path: Path) -> Path:
 
 # -- the example tree ------------------------------------------------------------------------
 def test_example_studio_loads() -> None:
-    studio = s.load_studio(EXAMPLES / "studio")
+    studio = folders.load_studio(EXAMPLES / "studio")
     ds = studio.datasets["synth-ehr"]
     assert ds.families == ("demographics", "encounters", "vitals", "labs", "medications", "ecg")
     assert [a.name for a in ds.arrays] == ["ecg"]
@@ -52,7 +53,7 @@ def test_example_studio_loads() -> None:
 
 
 def test_example_benchmark_loads() -> None:
-    bench = s.load_benchmark(EXAMPLES / BENCH)
+    bench = folders.load_benchmark(EXAMPLES / BENCH)
     assert bench.card.name == "medomni-bench" and bench.card.intelligence_kinds == ("agent",)
     v1 = bench.sets["v1"]
     assert v1.builder == "medomni-v1"
@@ -64,11 +65,11 @@ def test_example_benchmark_loads() -> None:
 
 
 def test_single_file_loaders() -> None:
-    cohort = s.load_cohort(EXAMPLES / CKD / "cohorts/n50.yaml")
+    cohort = folders.load_cohort(EXAMPLES / CKD / "cohorts/n50.yaml")
     assert cohort.n == 50 and cohort.prediction_time.offset_days == 1
-    ladder = s.load_ladder(EXAMPLES / HBA / "arms/modality-ladder.yaml")
+    ladder = folders.load_ladder(EXAMPLES / HBA / "arms/modality-ladder.yaml")
     assert [r.name for r in ladder.rungs] == list(s.RUNGS)
-    ts = s.load_set(EXAMPLES / BENCH / "sets/v1.yaml", studio=EXAMPLES / "studio")
+    ts = folders.load_set(EXAMPLES / BENCH / "sets/v1.yaml", studio=EXAMPLES / "studio")
     assert len(ts.pairs) == 4
 
 
@@ -98,7 +99,7 @@ def test_version_refuses(text: str) -> None:
 def test_version_written_as_a_yaml_number_keeps_its_digits(tree: Path) -> None:
     path = tree / CKD / "cohorts/n20.yaml"
     path.write_text(path.read_text().replace('version: "1.0"', "version: 1.10"))
-    assert s.load_cohort(path).version == s.Version(1, 10)  # not the float 1.1
+    assert folders.load_cohort(path).version == s.Version(1, 10)  # not the float 1.1
 
 
 # -- bad files: every error is "<file>:<line>: <field>: <problem>" ---------------------------
@@ -107,11 +108,11 @@ Loader = Callable[[Path], object]
 
 
 def _studio(root: Path) -> object:
-    return s.load_studio(root / "studio")
+    return folders.load_studio(root / "studio")
 
 
 def _bench(root: Path) -> object:
-    return s.load_benchmark(root / BENCH)
+    return folders.load_benchmark(root / BENCH)
 
 
 TPL = CKD / "template.yaml"
@@ -251,7 +252,7 @@ def test_bad_file_names_file_line_field(
 def test_missing_ladder_when_the_set_has_the_arm(tree: Path) -> None:
     (tree / CKD / "arms/modality-ladder.yaml").unlink()
     with pytest.raises(s.SpecError) as info:
-        s.load_benchmark(tree / BENCH)
+        folders.load_benchmark(tree / BENCH)
     assert info.value.field == "arms[3]" and "no arms/modality-ladder.yaml" in info.value.problem
     assert Path(info.value.file) == tree / V1
 
@@ -259,10 +260,10 @@ def test_missing_ladder_when_the_set_has_the_arm(tree: Path) -> None:
 def test_missing_files_are_named(tree: Path) -> None:
     (tree / TPL).unlink()
     with pytest.raises(s.SpecError, match=r"template\.yaml: no such file") as info:
-        s.load_template(tree / CKD)
+        folders.load_template(tree / CKD)
     assert info.value.line is None
     with pytest.raises(s.SpecError, match="no such file"):
-        s.load_cohort(tree / CKD / "cohorts/n99.yaml")
+        folders.load_cohort(tree / CKD / "cohorts/n99.yaml")
 
 
 @pytest.mark.parametrize(
@@ -280,7 +281,7 @@ def test_whole_file_errors(tmp_path: Path, text: str, line: int, problem: str) -
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(s.SpecError) as info:
-        s.load_yaml(path, s.Cohort)
+        specfile.load_yaml(path, s.Cohort)
     assert info.value.line == line, str(info.value)
     assert problem in info.value.problem
 
@@ -288,7 +289,7 @@ def test_whole_file_errors(tmp_path: Path, text: str, line: int, problem: str) -
 def test_names_stay_text_but_filter_values_stay_numbers(tree: Path) -> None:
     path = tree / CKD / "cohorts/n20.yaml"
     path.write_text(path.read_text().replace("{test: eGFR}", "{test: 2.10}"))
-    assert s.load_cohort(path).inclusion.requires[0].where == {"test": 2.1}
+    assert folders.load_cohort(path).inclusion.requires[0].where == {"test": 2.1}
 
 
 def test_first_of_several_problems_is_reported_with_its_own_line(tmp_path: Path) -> None:
@@ -300,6 +301,6 @@ def test_first_of_several_problems_is_reported_with_its_own_line(tmp_path: Path)
         )
     )
     with pytest.raises(s.SpecError) as info:
-        s.load_ladder(path)
+        folders.load_ladder(path)
     assert (info.value.line, info.value.field) == (12, "rungs[4].add[0]")
     assert "already staged at r2" in str(info.value)

@@ -12,7 +12,7 @@ import zarr
 
 import medomni_cas as mc
 from examples import synth
-from medomni_cas.studio import schema as s
+from medomni_cas.studio import folders
 from medomni_cas.views.zarr_store import CASStore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -99,7 +99,7 @@ def test_ecg_is_a_zarr_v3_array_family(n50: Path) -> None:
 
 
 def test_writes_every_file_the_example_dataset_names(tmp_path: Path) -> None:
-    ds = s.load_dataset(EXAMPLES / "studio/datasets/synth-ehr")
+    ds = folders.load_dataset(EXAMPLES / "studio/datasets/synth-ehr")
     assert synth.main(["--patients", "50", "--seed", "1", "--out", str(tmp_path / "data")]) == 0
     for table in ds.tables:
         assert (tmp_path / table.file).is_file(), table.file

@@ -13,8 +13,8 @@ import medomni_cas as mc
 from examples import synth
 from medomni_cas.store.bundle import read_bundle_header
 from medomni_cas.studio.build import VersionError, build_pair
+from medomni_cas.studio.folders import load_template
 from medomni_cas.studio.records import AnswerKey, BuildResult, Content, TaskSetRecord
-from medomni_cas.studio.schema import load_template
 from medomni_cas.studio.signoff import signoff
 from medomni_cas.studio.tasksets import (
     TaskSetError,

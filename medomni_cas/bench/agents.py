@@ -22,7 +22,8 @@ from typing import Any
 
 from medomni_cas.bench.records import AgentConfig, Limits
 from medomni_cas.errors import MedomniError
-from medomni_cas.studio.schema import Problems, Spec, SpecError, load_yaml
+from medomni_cas.studio.schema import Problems, Spec, SpecError
+from medomni_cas.studio.specfile import load_yaml
 
 __all__ = ["AgentFile", "UnknownAgent", "agent_record", "find_agent", "load_agent"]
 

@@ -50,8 +50,8 @@ from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
 from medomni_cas.store.verify import verify_closure
 from medomni_cas.studio.arms import arm_builds
+from medomni_cas.studio.folders import load_dataset
 from medomni_cas.studio.records import AnswerKey, AtomTask, BuildConfig, BuildResult, FormatCheck
-from medomni_cas.studio.schema import load_dataset
 from medomni_cas.studio.tasksets import SetView, show_set
 
 __all__ = [

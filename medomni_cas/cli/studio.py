@@ -19,7 +19,8 @@ from medomni_cas.cli._output import (
 from medomni_cas.cli._progress import bar
 from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
 from medomni_cas.studio.build import Built, build_pair
-from medomni_cas.studio.schema import SpecError, find_template, load_template
+from medomni_cas.studio.folders import find_template, load_template
+from medomni_cas.studio.schema import SpecError
 from medomni_cas.studio.signoff import signoff
 from medomni_cas.studio.tasksets import TaskSetError, build_set, publish, rebuild, show_set
 from medomni_cas.workspace import Workspace, load_workspace

@@ -13,7 +13,8 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from medomni_cas.errors import MedomniError
-from medomni_cas.studio.schema import LADDER_ARM, TemplateFolder
+from medomni_cas.studio.folders import TemplateFolder
+from medomni_cas.studio.schema import LADDER_ARM
 
 __all__ = [
     "ARMS_GROUP",

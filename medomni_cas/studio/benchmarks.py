@@ -14,8 +14,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from medomni_cas.errors import MedomniError
+from medomni_cas.studio.folders import BenchmarkFolder, load_benchmark
 from medomni_cas.studio.records import BenchmarkCard
-from medomni_cas.studio.schema import Benchmark, BenchmarkFolder, load_benchmark, load_yaml
+from medomni_cas.studio.schema import Benchmark
+from medomni_cas.studio.specfile import load_yaml
 
 __all__ = [
     "BENCHMARKS_GROUP",

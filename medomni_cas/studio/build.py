@@ -32,6 +32,7 @@ from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build
 from medomni_cas.studio.arrays import array_digest
 from medomni_cas.studio.evidence import BuildError, Selection, evidence_files, select_cohort
+from medomni_cas.studio.folders import TemplateFolder, find_template, load_template
 from medomni_cas.studio.labels import read_table
 from medomni_cas.studio.records import (
     COMPARABILITY,
@@ -44,15 +45,7 @@ from medomni_cas.studio.records import (
     FormatCheck,
     TargetShape,
 )
-from medomni_cas.studio.schema import (
-    LADDER_ARM,
-    Dataset,
-    SpecError,
-    TemplateFolder,
-    Version,
-    find_template,
-    load_template,
-)
+from medomni_cas.studio.schema import LADDER_ARM, Dataset, SpecError, Version
 from medomni_cas.studio.signoff import check_signoff
 
 __all__ = [

@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 
 from medomni_cas.errors import MedomniError
 from medomni_cas.studio.arrays import open_array_group
+from medomni_cas.studio.folders import TemplateFolder
 from medomni_cas.studio.labels import Guard, Recipe, Value
-from medomni_cas.studio.schema import Cohort, TemplateFolder
+from medomni_cas.studio.schema import Cohort
 
 __all__ = [
     "BuildError",

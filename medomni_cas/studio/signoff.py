@@ -16,8 +16,9 @@ import msgspec
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.studio.folders import TemplateFolder
 from medomni_cas.studio.records import TemplateRecord
-from medomni_cas.studio.schema import TemplateFolder, Version
+from medomni_cas.studio.schema import Version
 
 __all__ = ["check_signoff", "signoff", "signoff_ref", "template_record"]
 

@@ -27,6 +27,7 @@ from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_build
 from medomni_cas.studio.benchmarks import benchmark_card, open_benchmark, split_set_name
 from medomni_cas.studio.build import Built, build_pair
+from medomni_cas.studio.folders import find_template, load_dataset, load_template
 from medomni_cas.studio.records import (
     BuildConfig,
     BuildResult,
@@ -37,13 +38,7 @@ from medomni_cas.studio.records import (
     SetEntry,
     TaskSetRecord,
 )
-from medomni_cas.studio.schema import (
-    LADDER_ARM,
-    TaskSet,
-    find_template,
-    load_dataset,
-    load_template,
-)
+from medomni_cas.studio.schema import LADDER_ARM, TaskSet
 
 __all__ = [
     "RebuildRow",

@@ -1,0 +1,269 @@
+"""Loading a studio's folders: datasets, templates with their cohorts and ladder, task sets
+and benchmarks, each checked against the others (a target's label exists in its dataset, a
+set's pair is pinned at its cohort's N)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from medomni_cas.studio.labels import Guard
+from medomni_cas.studio.schema import (
+    LADDER_ARM,
+    METRICS,
+    Benchmark,
+    Cohort,
+    Dataset,
+    Ladder,
+    TaskSet,
+    Template,
+)
+from medomni_cas.studio.specfile import (
+    Doc,
+    SpecError,
+    bad_name,
+    check_named,
+    load_with_doc,
+    load_yaml,
+)
+
+__all__ = [
+    "BenchmarkFolder",
+    "Studio",
+    "TemplateFolder",
+    "find_template",
+    "load_benchmark",
+    "load_cohort",
+    "load_dataset",
+    "load_ladder",
+    "load_set",
+    "load_studio",
+    "load_template",
+]
+
+
+def _dataset(directory: Path) -> tuple[Dataset, Doc]:
+    ds, doc = load_with_doc(directory / "dataset.yaml", Dataset)
+    check_named(doc, "name", ds.name, directory.name, "folder")
+    tables = {t.name: t for t in ds.tables}
+    for i, label in enumerate(ds.labels):
+        table = getattr(label, "table", None)
+        if table is not None and table not in tables:
+            raise doc.error(f"labels[{i}].table", f"no table {table!r} in this dataset")
+        if table is not None and tables[table].time_column is None:
+            raise doc.error(f"labels[{i}].table", f"table {table!r} has no time_column")
+        for j, g in enumerate(getattr(label, "guards", ())):
+            _check_guard(doc, f"labels[{i}].guards[{j}]", g, ds)
+    return ds, doc
+
+
+def _check_guard(doc: Doc, field: str, g: Guard, ds: Dataset) -> None:
+    if g.table is not None and ds.table(g.table) is None:
+        raise doc.error(f"{field}.table", f"no table {g.table!r} in this dataset")
+    if g.family is not None and g.family not in ds.families:
+        raise doc.error(f"{field}.family", f"no family {g.family!r} in this dataset")
+
+
+def load_dataset(directory: str | Path) -> Dataset:
+    """``<dataset>/dataset.yaml``, checked: its name is its folder's, labels read real tables."""
+    return _dataset(Path(directory))[0]
+
+
+def load_cohort(path: str | Path) -> Cohort:
+    """One cohort file, on its own (`load_template` checks it against its template)."""
+    return load_yaml(path, Cohort)
+
+
+def load_ladder(path: str | Path) -> Ladder:
+    """``arms/modality-ladder.yaml``, on its own (`load_template` checks its families)."""
+    return load_yaml(path, Ladder)
+
+
+@dataclass(frozen=True)
+class TemplateFolder:
+    """A template folder as loaded and checked against its dataset."""
+
+    name: str
+    path: Path
+    dataset: Dataset
+    template: Template
+    cohorts: dict[str, Cohort]
+    ladder: Ladder | None
+
+
+def load_template(directory: str | Path, *, dataset: Dataset | None = None) -> TemplateFolder:
+    """``tasks/<template>/``: template.yaml, cohorts/*.yaml and arms/modality-ladder.yaml,
+    checked against the dataset two folders up (or ``dataset``)."""
+    d = Path(directory)
+    tpl, doc = load_with_doc(d / "template.yaml", Template)
+    ds = dataset if dataset is not None else load_dataset(d.parent.parent)
+    check_named(doc, "name", tpl.name, d.name, "folder")
+    _check_template(doc, tpl, ds)
+    cohorts: dict[str, Cohort] = {}
+    for path in sorted((d / "cohorts").glob("*.yaml")):
+        cohort, cdoc = load_with_doc(path, Cohort)
+        if msg := bad_name(path.stem):
+            raise SpecError(path, None, "", f"cohort file name: {msg}")
+        _check_cohort(cdoc, cohort, tpl, ds)
+        cohorts[path.stem] = cohort
+    ladder = None
+    ladder_path = d / "arms" / f"{LADDER_ARM}.yaml"
+    if ladder_path.exists():
+        ladder, ldoc = load_with_doc(ladder_path, Ladder)
+        if ladder.cohort not in cohorts:
+            have = ", ".join(cohorts) or "none"
+            raise ldoc.error("cohort", f"no cohort {ladder.cohort!r} in cohorts/ (have: {have})")
+        for i, rung in enumerate(ladder.rungs):
+            for j, fam in enumerate(rung.add):
+                if fam not in tpl.input.families:
+                    raise ldoc.error(
+                        f"rungs[{i}].add[{j}]", f"family {fam!r} is not in the template's input"
+                    )
+    return TemplateFolder(d.name, d, ds, tpl, cohorts, ladder)
+
+
+def _check_template(doc: Doc, tpl: Template, ds: Dataset) -> None:
+    for i, t in enumerate(tpl.targets):
+        label = ds.label(t.label)
+        if label is None:
+            have = ", ".join(lb.name for lb in ds.labels) or "none"  # type: ignore[attr-defined]
+            raise doc.error(
+                f"targets[{i}].label", f"no label {t.label!r} in dataset {ds.name} (has: {have})"
+            )
+        if METRICS[t.metric] != label.kind:
+            raise doc.error(
+                f"targets[{i}].metric",
+                f"{t.metric} scores {METRICS[t.metric]} labels; {t.label!r} is {label.kind}",
+            )
+    for i, table in enumerate(tpl.input.tables):
+        if ds.table(table) is None:
+            raise doc.error(f"input.tables[{i}]", f"no table {table!r} in dataset {ds.name}")
+    for i, fam in enumerate(tpl.input.families):
+        if fam not in ds.families:
+            have = ", ".join(ds.families)
+            raise doc.error(f"input.families[{i}]", f"no family {fam!r} (has: {have})")
+
+
+def _check_cohort(doc: Doc, cohort: Cohort, tpl: Template, ds: Dataset) -> None:
+    for i, req in enumerate(cohort.inclusion.requires):
+        if ds.table(req.table) is None:
+            raise doc.error(f"inclusion.requires[{i}].table", f"no table {req.table!r}")
+    pt = ds.table(cohort.prediction_time.table)
+    if pt is None:
+        raise doc.error("prediction_time.table", f"no table {cohort.prediction_time.table!r}")
+    if pt.time_column is None:
+        raise doc.error("prediction_time.table", f"table {pt.name!r} has no time_column")
+    if cohort.per_class is None:
+        return
+    name = cohort.per_class.label
+    if name not in [t.label for t in tpl.targets]:
+        raise doc.error("per_class.label", f"{name!r} is not a target of {tpl.name}")
+    label = ds.label(name)
+    assert label is not None  # targets were checked against the dataset
+    if label.kind != "classification":
+        raise doc.error("per_class.label", f"{name!r} is numeric; per-class counts need classes")
+    for cls in cohort.per_class.counts:
+        if cls not in label.classes:
+            known = ", ".join(label.classes)
+            raise doc.error("per_class.counts", f"no class {cls!r} in {name} (has: {known})")
+
+
+def find_template(studio: str | Path, name: str) -> Path | None:
+    """The folder of template ``name`` under ``studio/datasets/*/tasks/``."""
+    hits = sorted(Path(studio).glob(f"datasets/*/tasks/{name}/template.yaml"))
+    return hits[0].parent if hits else None
+
+
+@dataclass(frozen=True)
+class Studio:
+    """A whole studio tree: every dataset and every template."""
+
+    path: Path
+    datasets: dict[str, Dataset]
+    templates: dict[str, TemplateFolder]
+
+
+def load_studio(root: str | Path) -> Studio:
+    """``studio/``: every ``datasets/<dataset>/`` and each of its ``tasks/<template>/``."""
+    r = Path(root)
+    datasets: dict[str, Dataset] = {}
+    templates: dict[str, TemplateFolder] = {}
+    for ds_yaml in sorted(r.glob("datasets/*/dataset.yaml")):
+        ds = load_dataset(ds_yaml.parent)
+        datasets[ds.name] = ds
+        for tpl_yaml in sorted(ds_yaml.parent.glob("tasks/*/template.yaml")):
+            tf = load_template(tpl_yaml.parent, dataset=ds)
+            if tf.name in templates:
+                raise SpecError(tpl_yaml, None, "name", f"template {tf.name!r} is defined twice")
+            templates[tf.name] = tf
+    return Studio(r, datasets, templates)
+
+
+def _studio_of(set_path: Path) -> Path:
+    # bench/benchmarks/<benchmark>/sets/<set>.yaml -> the `studio` folder beside `bench`
+    parents = set_path.resolve().parents
+    if len(parents) < 5:
+        raise SpecError(set_path, None, "", "not under bench/benchmarks/<b>/sets/: pass studio=")
+    return parents[4] / "studio"
+
+
+def load_set(path: str | Path, *, studio: str | Path | None = None) -> TaskSet:
+    """``sets/<set>.yaml``, checked against the studio (by default the ``studio`` folder
+    beside ``bench``): every pair exists and is pinned at its cohort's N."""
+    p = Path(path)
+    return _load_set(p, Path(studio) if studio is not None else _studio_of(p), {})
+
+
+def _load_set(p: Path, studio: Path, templates: dict[str, TemplateFolder]) -> TaskSet:
+    ts, doc = load_with_doc(p, TaskSet)
+    if msg := bad_name(p.stem):
+        raise SpecError(p, None, "", f"set file name: {msg}")
+    for i, pair in enumerate(ts.pairs):
+        tf = templates.get(pair.template)
+        if tf is None:
+            folder = find_template(studio, pair.template)
+            if folder is None:
+                raise doc.error(
+                    f"pairs[{i}].task", f"no template {pair.template!r} under {studio}/datasets"
+                )
+            tf = templates[pair.template] = load_template(folder)
+        cohort = tf.cohorts.get(pair.cohort)
+        if cohort is None:
+            have = ", ".join(tf.cohorts) or "none"
+            raise doc.error(
+                f"pairs[{i}].task", f"template {tf.name} has no cohort {pair.cohort!r} ({have})"
+            )
+        if cohort.version.n != pair.n:
+            raise doc.error(
+                f"pairs[{i}].n",
+                f"pinned at N={pair.n}, but {pair.task} is at version {cohort.version}",
+            )
+        if LADDER_ARM in ts.arms and tf.ladder is None:
+            raise doc.error(
+                f"arms[{ts.arms.index(LADDER_ARM)}]",
+                f"{pair.task} has no arms/{LADDER_ARM}.yaml for this arm",
+            )
+    return ts
+
+
+@dataclass(frozen=True)
+class BenchmarkFolder:
+    """``bench/benchmarks/<benchmark>/``: the card and its task sets by set name."""
+
+    name: str
+    path: Path
+    card: Benchmark
+    sets: dict[str, TaskSet]
+
+
+def load_benchmark(directory: str | Path, *, studio: str | Path | None = None) -> BenchmarkFolder:
+    """A benchmark folder: ``benchmark.yaml`` and every ``sets/*.yaml``, each checked."""
+    d = Path(directory)
+    card, doc = load_with_doc(d / "benchmark.yaml", Benchmark)
+    check_named(doc, "name", card.name, d.name, "folder")
+    cache: dict[str, TemplateFolder] = {}  # sets share templates: load each once
+    sets: dict[str, TaskSet] = {}
+    for p in sorted((d / "sets").glob("*.yaml")):
+        root = Path(studio) if studio is not None else _studio_of(p)
+        sets[p.stem] = _load_set(p, root, cache)
+    return BenchmarkFolder(card.name, d, card, sets)
