@@ -186,7 +186,7 @@ def score_jobs(
         )
         rows += _rows(joined, names[job.agent_config], job, n_boot, seed)
         del job_id
-    rows = _flag(rows)
+    rows = sorted(_flag(rows), key=lambda r: (r.agent, r.arm, r.arm_variant, r.pair, r.target))
     table = _rows_table(rows)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")

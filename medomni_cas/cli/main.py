@@ -22,6 +22,7 @@ GROUPS: tuple[str, ...] = (
     "medomni_cas.cli.cas",
     "medomni_cas.cli.studio",
     "medomni_cas.cli.bench",
+    "medomni_cas.cli.audit",
     "medomni_cas.cli.plugins",
 )
 

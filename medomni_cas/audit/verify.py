@@ -1,0 +1,377 @@
+"""Verify a result: re-hash every object in its closure, and say where each bad one sits.
+
+`verify_result` walks the closure of a result breadth first, reading through the backend in
+batches and hashing each object's bytes once. A missing, corrupt or unreadable object never
+stops the walk: each becomes a `VerifyProblem` naming the object and its path from the result,
+written the way a user reads it::
+
+    result e0a9c90a6bab > jobs[0]: job medomni-bench.v1--baseline--encoders--r1--… >
+    runs[3]: run 59d17d391725 (synth-ehr_ckd-staging@n20, patient 10000007, attempt 1) >
+    answer: blob c462c8460409 is corrupt (its bytes hash to b441d6…); also linked from 6
+    other runs
+
+Fast path first, names later. The walk keeps, for every id it discovers, the object that
+linked it first (a dict in place of the "seen" set a walk needs anyway, so a path costs no
+extra memory per object), and the list of objects that hold links. Only when something is
+wrong are the few objects on a path read again and decoded to name it, and the objects with
+links read again to find every other referrer of a bad object (a shared blob is one object
+for many runs). The objects below a corrupt object are not followed through it (its links
+cannot be trusted); they are checked if something sound links them too.
+
+What is checked: every object's bytes hash to its id, and every linked object is present.
+With ``canonical=True`` each object is also re-encoded and must be in canonical form (what
+``medomni cas fsck`` does), at several times the cost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import blake3
+import msgspec
+
+from medomni_cas.audit._common import AuditError, arm_label, short
+from medomni_cas.audit._links import LINK_MARK, fast_links
+from medomni_cas.bench.records import JobRecord, Result, RunRecord
+from medomni_cas.errors import InvalidObject
+from medomni_cas.store import encoding
+from medomni_cas.store.encoding import BLOB, TREE
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
+from medomni_cas.studio.records import (
+    AnswerKey,
+    AtomTask,
+    BuildConfig,
+    BuildResult,
+    Content,
+    SetBuild,
+    TaskSetRecord,
+)
+
+__all__ = ["CORRUPT", "MALFORMED", "MISSING", "VerifyProblem", "VerifyReport", "verify_result"]
+
+CORRUPT = "corrupt"
+MISSING = "missing"
+MALFORMED = "malformed"
+_BATCH = 4096
+
+Progress = Callable[[int], None]
+
+
+class VerifyProblem(msgspec.Struct, kw_only=True):
+    """One bad object: ``kind`` is corrupt, missing or malformed; ``path`` the chain of
+    objects from the result to it (each described), ``message`` one line saying it all."""
+
+    kind: str
+    id: str
+    path: list[str]
+    message: str
+    got: str = ""  # what a corrupt object's bytes hash to
+    linked_from: list[str] = []  # every object of the closure that links it
+
+
+class VerifyReport(msgspec.Struct, kw_only=True):
+    """What `verify_result` found; ``ok`` when ``problems`` is empty."""
+
+    result: str
+    ok: bool
+    objects: int  # objects read and re-hashed
+    bytes: int
+    seconds: float
+    objects_per_sec: float
+    problems: list[VerifyProblem]
+
+
+def verify_result(
+    store: Store,
+    result: str | ObjectId,
+    *,
+    canonical: bool = False,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Re-hash every object reachable from ``result`` (an id, a unique prefix or a ref name);
+    see the module docstring. ``progress`` gets the number of objects checked so far."""
+    root = store.resolve(result)
+    _check_root(store, root, result)
+    t0 = time.perf_counter()
+    found = _walk(store, root, canonical, progress)
+    seconds = time.perf_counter() - t0
+    namer = _Namer(store, found.parent, found.bad)
+    referrers = _referrers(store, found) if found.bad else {}
+    problems = [
+        namer.problem(oid, kind, got, referrers.get(oid, []))
+        for oid, (kind, got) in found.bad.items()
+    ]
+    return VerifyReport(
+        result=root.hex(),
+        ok=not problems,
+        objects=found.objects,
+        bytes=found.nbytes,
+        seconds=seconds,
+        objects_per_sec=found.objects / seconds if seconds > 0 else 0.0,
+        problems=problems,
+    )
+
+
+def _check_root(store: Store, root: ObjectId, spec: str | ObjectId) -> None:
+    """Refuse a sound root that is not a result; a damaged one is the walk's to report."""
+    try:
+        data = store.backend.get(root)
+    except KeyError:
+        return
+    if blake3.blake3(data).digest() != root:
+        return
+    try:
+        kind, _ = encoding.kind_of(data)
+    except InvalidObject:
+        return
+    if kind != Result.__kind__:
+        raise AuditError(f"{spec} is a {kind} object ({root.hex()}), not a result")
+
+
+# -- the walk -----------------------------------------------------------------------------------
+class _Found:
+    def __init__(self) -> None:
+        self.parent: dict[bytes, bytes | None] = {}
+        self.bad: dict[bytes, tuple[str, str]] = {}  # id -> (kind of problem, detail)
+        self.linkers: list[bytes] = []  # objects with links: re-read to name referrers
+        self.objects = 0
+        self.nbytes = 0
+
+
+def _walk(store: Store, root: ObjectId, canonical: bool, progress: Progress | None) -> _Found:
+    """Breadth first from ``root``; every object read and hashed once.
+
+    The loop is the cost of an audit, so it is kept to a few operations per object:
+    * each level's frontier is read in key order, which is the order LMDB (and a sorted
+      listing anywhere) keeps its pages in: about twice as fast as hash order;
+    * bytes without the link mark (blobs, leaf records: most of a result) are never decoded;
+    * links are read by `fast_links` (skips every field that cannot hold one).
+    """
+    found = _Found()
+    parent = found.parent
+    bad = found.bad
+    parent[root] = None
+    get_many = store.backend.get_many
+    hasher = blake3.blake3
+    mark = LINK_MARK
+    links_of = fast_links
+    linkers = found.linkers
+    frontier: list[bytes] = [root]
+    count = nbytes = 0
+    while frontier:
+        frontier.sort()
+        nxt: list[bytes] = []
+        for i in range(0, len(frontier), _BATCH):
+            for key, data in get_many(frontier[i : i + _BATCH]):
+                if data is None:
+                    bad[key] = (MISSING, "")
+                    continue
+                count += 1
+                nbytes += len(data)
+                if hasher(data).digest() != key:
+                    bad[key] = (CORRUPT, hasher(data).hexdigest())
+                    continue
+                if canonical:
+                    try:
+                        encoding.validate_canonical(data)
+                    except InvalidObject as e:
+                        bad[key] = (MALFORMED, str(e))
+                        continue
+                if mark not in data:
+                    continue
+                linkers.append(key)
+                try:
+                    links = links_of(data)
+                except InvalidObject as e:
+                    bad[key] = (MALFORMED, f"its links cannot be read: {e}")
+                    continue
+                for link in links:
+                    if link not in parent:
+                        parent[link] = key
+                        nxt.append(link)
+            if progress is not None:
+                progress(count)
+        frontier = nxt
+    found.objects, found.nbytes = count, nbytes
+    return found
+
+
+def _referrers(store: Store, found: _Found) -> dict[bytes, list[bytes]]:
+    """Every object that links a bad one (a shared blob is linked by many runs). Only run
+    when something is wrong: it reads the objects with links a second time."""
+    out: dict[bytes, list[bytes]] = {k: [] for k in found.bad}
+    for i in range(0, len(found.linkers), _BATCH):
+        for key, data in store.backend.get_many(found.linkers[i : i + _BATCH]):
+            if data is None or key in found.bad:
+                continue
+            for link in dict.fromkeys(fast_links(data)):
+                if link in out:
+                    out[link].append(key)
+    return out
+
+
+# -- naming -------------------------------------------------------------------------------------
+def _field_of(body: object, target: bytes, path: str = "") -> str | None:
+    """Where in a decoded body ``target`` sits, as ``field``, ``runs[3]`` or ``a.b['x']``."""
+    if type(body) is ObjectId:
+        return path if body == target else None
+    if isinstance(body, msgspec.Struct):
+        body = msgspec.structs.asdict(body)
+    if isinstance(body, dict):
+        for k, v in body.items():
+            sub = (
+                f"{path}.{k}"
+                if path and str(k).isidentifier()
+                else (str(k) if not path else f"{path}[{k!r}]")
+            )
+            got = _field_of(v, target, sub)
+            if got is not None:
+                return got
+    elif isinstance(body, list | tuple):
+        for i, v in enumerate(body):
+            got = _field_of(v, target, f"{path}[{i}]")
+            if got is not None:
+                return got
+    return None
+
+
+_NOUNS = {
+    "medomni.run": "run",
+    "medomni.atom-task": "atom task",
+    "medomni.job": "job",
+    "medomni.build": "build",
+    "medomni.content": "content",
+    "medomni.answer-key": "answer key",
+    "medomni.prediction": "prediction record",
+    "medomni.result": "result",
+}
+
+
+def _noun(kind: str, n: int) -> str:
+    word = _NOUNS.get(kind, kind)
+    return word + ("s" if n != 1 else "")
+
+
+class _Namer:
+    """Describes the objects on the path from the result to a bad one (read on demand)."""
+
+    def __init__(
+        self, store: Store, parent: dict[bytes, bytes | None], bad: dict[bytes, tuple[str, str]]
+    ) -> None:
+        self.store = store
+        self.parent = parent
+        self.bad = bad
+        self.decoded: dict[bytes, tuple[str, object]] = {}
+
+    def _get(self, oid: bytes) -> tuple[str, object]:
+        got = self.decoded.get(oid)
+        if got is None:
+            # the objects on a path were all verified by the walk: a plain read is enough
+            data = self.store.backend.get(oid)
+            kind, _, body = encoding.decode(data)
+            if kind == TREE:
+                body = dict(body)
+            got = self.decoded[oid] = (kind, body)
+        return got
+
+    def describe(self, oid: bytes) -> str:
+        kind, body = self._get(oid)
+        s = short(oid)
+        match body:
+            case Result():
+                return f"result {s}"
+            case JobRecord():
+                return f"job {body.name}"
+            case RunRecord():
+                patient = self._patient(body.atom)
+                who = f", patient {patient}" if patient else ""
+                return f"run {s} ({body.pair}{who}, attempt {body.attempt})"
+            case AtomTask():
+                label = arm_label(body.arm, body.arm_variant)
+                return f"atom task {s} ({body.pair} {label}, patient {body.patient})"
+            case BuildResult():
+                return f"build {s} ({body.pair} {arm_label(body.arm, body.arm_variant)})"
+            case BuildConfig():
+                return f"build config {s} ({body.pair} {arm_label(body.arm, body.arm_variant)})"
+            case SetBuild():
+                return f"set build {s}"
+            case TaskSetRecord():
+                return f"task set {s} ({body.name})"
+            case Content():
+                return f"content {s} ({body.pair})"
+            case AnswerKey():
+                return f"answer key {s}"
+        return f"{kind} {s}"
+
+    def _patient(self, atom: ObjectId) -> str:
+        if atom in self.bad or atom not in self.parent:
+            return ""  # a bad atom (or one not reached): its run is named without it
+        _, body = self._get(atom)
+        return body.patient if isinstance(body, AtomTask) else ""
+
+    def _chain(self, oid: bytes) -> list[bytes]:
+        chain = [oid]
+        while (up := self.parent.get(chain[-1])) is not None:
+            chain.append(up)
+        chain.reverse()
+        return chain
+
+    def problem(self, oid: bytes, kind: str, detail: str, referrers: list[bytes]) -> VerifyProblem:
+        chain = self._chain(oid)
+        steps: list[str] = []
+        for i, node in enumerate(chain[:-1]):
+            text = self.describe(node)
+            if i:
+                text = f"{self._edge(chain[i - 1], node)}: {text}"
+            steps.append(text)
+        what = self._what(oid, kind)
+        if len(chain) > 1:
+            what = f"{self._edge(chain[-2], oid)}: {what}"
+        if kind == CORRUPT:
+            state = f"is corrupt (its bytes hash to {detail})"
+        elif kind == MISSING:
+            state = "is missing"
+        else:
+            state = f"is malformed: {detail}"
+        message = " > ".join([*steps, f"{what} {state}"])
+        others = [r for r in referrers if len(chain) < 2 or r != chain[-2]]
+        if others:
+            message += f"; also linked from {self._count_kinds(others)}"
+        return VerifyProblem(
+            kind=kind,
+            id=bytes(oid).hex(),
+            path=[*steps, what],
+            message=message,
+            got=detail if kind == CORRUPT else "",
+            linked_from=[bytes(r).hex() for r in referrers],
+        )
+
+    def _count_kinds(self, ids: list[bytes]) -> str:
+        """``19 other runs`` or ``2 other trees, 1 other atom task``."""
+        kinds: dict[str, int] = {}
+        for r in ids:
+            kind = self._get(r)[0]
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return ", ".join(f"{n} other {_noun(k, n)}" for k, n in kinds.items())
+
+    def _edge(self, parent: bytes, child: bytes) -> str:
+        _, body = self._get(parent)
+        return _field_of(body, child) or "link"
+
+    def _what(self, oid: bytes, kind: str) -> str:
+        """The bad object itself, with its kind when its (damaged) bytes still name a known
+        one: a flipped bit elsewhere leaves ``blob`` readable, a flipped kind does not."""
+        if kind == MISSING:
+            return f"object {short(oid)}"
+        try:
+            k, version = encoding.kind_of(self.store.backend.get(oid))
+        except (KeyError, InvalidObject):
+            return f"object {short(oid)}"
+        if k in (BLOB, TREE):
+            return f"{k} {short(oid)}"
+        cls = encoding.record_class(k, version)
+        if cls is None:
+            return f"object {short(oid)}"
+        return f"{_NOUNS.get(k, k)} {short(oid)}"

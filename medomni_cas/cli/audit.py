@@ -1,0 +1,151 @@
+"""``medomni audit …``: where a score came from, whether it is intact, how two differ.
+
+* ``show <result> [--runs]``: the provenance tree, from the result down to the templates,
+  cohorts and their versions, build configs, dataset release, builder, agent config,
+  served models, runs, predictions and answer keys;
+* ``verify <result>``: re-hash every object of the result's closure; exit 1 naming each
+  missing or corrupt object and where it sits;
+* ``diff <a> <b>``: which inputs of two results differ (exit 0 either way);
+* ``export <result> [-o FILE]``: W3C PROV-JSON.
+
+``<result>`` is an id, a unique prefix of 8+ hex characters, or a ref name such as
+``results/medomni-bench/v1`` (what ``medomni bench score`` writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import medomni_cas as mc
+from medomni_cas.audit import diff_results, provenance, to_prov_json, verify_result
+from medomni_cas.audit.diff import render_text as diff_text
+from medomni_cas.audit.provenance import render_text as provenance_text
+from medomni_cas.cli._output import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    add_command,
+    common_options,
+    emit,
+    encode_json,
+    to_builtins,
+)
+from medomni_cas.cli._progress import bar
+from medomni_cas.store.url import default_store_url
+
+__all__ = ["register"]
+
+
+def _open(args: argparse.Namespace) -> mc.Store:
+    # an audit only reads: never create a store for a mistyped --store
+    return mc.open(
+        getattr(args, "store", None) or default_store_url(),
+        single_writer=getattr(args, "single_writer", False),
+        create=False,
+    )
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """The provenance tree of a result (a summary; ``--runs`` lists every run)."""
+    with _open(args) as store:
+        p = provenance(store, args.result, runs=args.runs)
+    emit(args, to_builtins(p), provenance_text(p))
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Re-hash the result's closure; exit 1 when any object is missing or corrupt."""
+    with _open(args) as store, bar(args, None, "obj", "verify") as b:
+        done = 0
+
+        def tick(n: int) -> None:
+            nonlocal done
+            b.update(n - done)
+            done = n
+
+        report = verify_result(store, args.result, canonical=args.canonical, progress=tick)
+    rate = (
+        f"{report.objects:,} objects ({report.bytes:,} bytes) re-hashed in "
+        f"{report.seconds:.2f} s, {report.objects_per_sec:,.0f} objects/s"
+    )
+    if report.ok:
+        lines = [f"result {report.result}: ok", f"  {rate}"]
+    else:
+        lines = [f"result {report.result}: {len(report.problems)} problem(s)", f"  {rate}"]
+        lines += [f"  {p.kind}: {p.message}" for p in report.problems]
+    emit(args, to_builtins(report), lines)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Which inputs of two results differ (exit 0 either way)."""
+    with _open(args) as store:
+        a, b = store.resolve(args.a), store.resolve(args.b)
+        diffs = diff_results(store, a, b, limit=None if args.all else args.limit)
+    data = {"a": a.hex(), "b": b.hex(), "differences": to_builtins(diffs)}
+    header = [f"A {a.hex()}", f"B {b.hex()}"]
+    emit(args, data, header + diff_text(diffs))
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """The result's provenance as W3C PROV-JSON, on stdout or in a file."""
+    with _open(args) as store:
+        doc = to_prov_json(store, args.result, max_items=args.max_items)
+    text = encode_json(doc, indent=2) + "\n"
+    if args.output is None or args.output == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
+    path = Path(args.output)
+    path.write_text(text)
+    counts = {k: len(v) for k, v in doc.items() if k != "prefix"}
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items())
+    emit(args, {"path": str(path), **counts}, f"wrote {path}: {summary}")
+    return EXIT_OK
+
+
+def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``audit`` and its verbs to the top-level subcommands."""
+    p = groups.add_parser(
+        "audit",
+        help="provenance, verification, diff and PROV export of results",
+        parents=[common_options()],
+    )
+    p.set_defaults(handler=None, parser=p)
+    verbs = p.add_subparsers(title="verbs", metavar="VERB")
+
+    v = add_command(verbs, "show", cmd_show, "show where a result came from")
+    v.add_argument("result", metavar="RESULT", help="id, unique prefix or ref name")
+    v.add_argument("--runs", action="store_true", help="list every run of every job")
+
+    v = add_command(verbs, "verify", cmd_verify, "re-hash every object of a result's closure")
+    v.add_argument("result", metavar="RESULT", help="id, unique prefix or ref name")
+    v.add_argument(
+        "--canonical",
+        action="store_true",
+        help="also check each object is in canonical form (slower, what cas fsck does)",
+    )
+
+    v = add_command(verbs, "diff", cmd_diff, "name the inputs that differ between two results")
+    v.add_argument("a", metavar="A", help="id, unique prefix or ref name")
+    v.add_argument("b", metavar="B", help="id, unique prefix or ref name")
+    v.add_argument(
+        "--limit",
+        type=int,
+        default=50,
+        metavar="N",
+        help="per-patient lines per pair and kind before the rest are counted (default 50)",
+    )
+    v.add_argument("--all", action="store_true", help="every per-patient line, no limit")
+
+    v = add_command(verbs, "export", cmd_export, "write a result's provenance as PROV-JSON")
+    v.add_argument("result", metavar="RESULT", help="id, unique prefix or ref name")
+    v.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    v.add_argument(
+        "--max-items",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="atom tasks and runs listed one by one up to N, summarised beyond (default 10000)",
+    )
