@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 import zarr
 
+import medomni_cas as mc
 from examples import synth
 from medomni_cas.bench import encoders as enc_mod
 from medomni_cas.bench.encoders import (
@@ -45,6 +46,7 @@ from medomni_cas.bench.perception import (
     read_call_log,
     serve,
 )
+from medomni_cas.views.zarr_store import CASStore
 
 with warnings.catch_warnings():
     # starlette 1.x would rather have httpx2; the httpx it falls back to works the same here
@@ -67,10 +69,12 @@ class Synth:
     """The synthetic dataset in memory: per patient, its evidence files as Build writes them."""
 
     def __init__(self, root: Path) -> None:
-        group = zarr.open_group(str(root / "ecg.zarr"), mode="r")
-        self.ids = [int(x) for x in np.asarray(group["patient_id"][:])]
-        self.signal = np.asarray(group["signal"][:])
-        self.attrs = canonical_json(dict(group.attrs)) + b"\n"
+        with mc.open(f"lmdb://{root / synth.ARRAYS}", create=False) as store:
+            cas = CASStore(store, synth.ECG_REF, read_only=True)
+            group = zarr.open_group(store=cas, mode="r")
+            self.ids = [int(x) for x in np.asarray(group["patient_id"][:])]
+            self.signal = np.asarray(group["signal"][:])
+            self.attrs = canonical_json(dict(group.attrs)) + b"\n"
         self.tables = {t: pq.read_table(root / f"{t}.parquet").to_pylist() for t in synth.TABLES}
 
     def files(self, i: int) -> dict[str, bytes]:
