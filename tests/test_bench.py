@@ -444,3 +444,47 @@ def test_scores_of_two_task_sets_are_never_mixed(
     b = jobs_of(store, show_set(store, "medomni-bench/v1").task_set)
     with pytest.raises(ScoreError, match="different task sets"):
         score_jobs(store, [*a, *b])
+
+
+def test_class_probabilities_give_auroc(store: mc.Store, tree: Path, tmp_path: Path) -> None:
+    agent = _agent(
+        tree,
+        "prober",
+        command=[
+            "python",
+            "-c",
+            "import os,json,zlib; s=json.load(open('answer_schema.json'))['targets']; "
+            "ev=open('labs.jsonl').read(); h=zlib.crc32(ev.encode()); a={}; sc={}\n"
+            "for t in s:\n"
+            "    if t['classes']:\n"
+            "        a[t['name']]=t['classes'][h % len(t['classes'])]\n"
+            "        sc[t['name']]={c: ((h >> i) % 7) / 7 for i, c in enumerate(t['classes'])}\n"
+            "    else:\n"
+            "        a[t['name']]=6.5\n"
+            "a['_scores']=sc\n"
+            "open(os.environ['MEDOMNI_SUBMISSION'],'w').write(json.dumps(a))",
+        ],
+    )
+    _run(store, tree, agent, tmp_path, arms=["no-perception"])
+    runs = _runs(store)
+    assert {r.outcome for r in runs} == {"answered"}
+    rows = score_jobs(store, jobs_of(store, show_set(store, SET).task_set), n_boot=50).record.rows
+    auroc = [r for r in rows if r.metric == "auroc"]
+    assert len(auroc) == 1 and auroc[0].target == "ckd_stage" and 0 <= auroc[0].value <= 1
+    assert auroc[0].n == 20 and auroc[0].n_missing == 0
+
+
+def test_format_check_refuses_bad_probabilities() -> None:
+    from medomni_cas.studio.records import FormatCheck, TargetShape
+
+    check = FormatCheck(
+        targets=(
+            TargetShape(name="y", kind="class", classes=("a", "b")),
+            TargetShape(name="z", kind="numeric"),
+        )
+    )
+    assert not check.problems({"y": "a", "z": 1.0, "_scores": {"y": {"a": 0.2, "b": 0.8}}})
+    bad = check.problems({"y": "a", "z": 1.0, "_scores": {"y": {"c": 0.5}, "z": {"a": 1}}})
+    assert any("'c' is not one of" in p for p in bad) and any("z: not a class" in p for p in bad)
+    assert check.problems({"y": "a", "z": 1.0, "_scores": {"y": {"a": 1.5}}})
+    assert check.problems({"y": "a", "z": 1.0, "_scores": []})

@@ -51,7 +51,14 @@ from medomni_cas.store.store import Store
 from medomni_cas.store.verify import verify_closure
 from medomni_cas.studio.arms import arm_builds
 from medomni_cas.studio.folders import load_dataset
-from medomni_cas.studio.records import AnswerKey, AtomTask, BuildConfig, BuildResult, FormatCheck
+from medomni_cas.studio.records import (
+    SCORES_KEY,
+    AnswerKey,
+    AtomTask,
+    BuildConfig,
+    BuildResult,
+    FormatCheck,
+)
 from medomni_cas.studio.tasksets import SetView, show_set
 
 __all__ = [
@@ -80,6 +87,7 @@ PREDICTION_COLUMNS = (
     "config",
     "outcome",
     "attempt",
+    "scores",  # JSON {class: probability}, when the agent gave them
 )
 
 
@@ -308,6 +316,7 @@ def _record(
             )
             values = {}
     run_id = f"{spec.slot.hex()}-{trial.attempt}"
+    scores: dict[str, dict[str, float]] = values.get(SCORES_KEY, {})  # type: ignore[assignment]
     preds = [
         PredictionRecord(
             run_id=run_id,
@@ -315,6 +324,7 @@ def _record(
             target=t.name,
             value=values[t.name] if t.kind == "class" else float(values[t.name]),  # type: ignore[arg-type]
             intelligence=job.agent.kind,
+            scores={c: float(p) for c, p in scores.get(t.name, {}).items()},
         )
         for t in spec.format_check.targets
         if t.name in values
@@ -410,6 +420,7 @@ def _prediction_table(store: Store, job: Job, runs: list[RunRecord]) -> Predicti
                 "config": run.config.hex(),
                 "outcome": run.outcome,
                 "attempt": run.attempt,
+                "scores": msgspec.json.encode(p.scores).decode() if p.scores else None,
             }
             for c in PREDICTION_COLUMNS:
                 cols[c].append(row[c])
@@ -561,9 +572,21 @@ def _run_job(
         old = store.get(old_job, JobRecord)
         started, job.name = old.started, old.name
     else:
-        started = _now()
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        job.name = _folder_name(view.name, job.agent.name, job.arm_label, job.repetition, stamp)
+        # The name is kept from the job's first start (`runs/job-names/<key>`), so a job
+        # killed before its record was written resumes in the same run folder, where a
+        # runner may keep files of its own (the Harbor runner's job folders).
+        name_ref = "runs/job-names/" + ref.rsplit("/", 1)[1]
+        pending = store.refs.get(name_ref)
+        if pending is None:
+            started = _now()
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+            name = _folder_name(view.name, job.agent.name, job.arm_label, job.repetition, stamp)
+            mine = store.put_blob(f"{started}\n{name}".encode())
+            if not store.refs.add_if_new(name_ref, mine, "job started"):
+                pending = store.refs.get(name_ref)  # another harness started it first
+            else:
+                pending = mine
+        started, job.name = store.read_blob(pending).decode().split("\n", 1)  # type: ignore[arg-type]
     job.folder = runs_dir / job.name
     ran = infra = 0
     if job.trials:

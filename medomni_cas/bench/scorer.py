@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -169,6 +170,8 @@ def score_jobs(
         if job.set_build not in builds:
             continue
         preds = prediction_table(store, job)
+        if "scores" not in preds.column_names:  # tables written before scores were kept
+            preds = preds.append_column("scores", pa.nulls(preds.num_rows, pa.string()))
         t = truth.table.filter(
             pc.and_(
                 pc.equal(truth.table["arm"], job.arm),
@@ -177,9 +180,9 @@ def score_jobs(
         )
         joined = t.join(
             preds.select(
-                ["atom", "target", "value_text", "value_num", "config", "attempt"]
+                ["atom", "target", "value_text", "value_num", "config", "attempt", "scores"]
             ).rename_columns(
-                ["atom", "target", "value_text", "value_num", "run_config", "attempt"]
+                ["atom", "target", "value_text", "value_num", "run_config", "attempt", "scores"]
             ),
             keys=["atom", "target"],
             join_type="left outer",
@@ -247,7 +250,36 @@ def _rows(joined: pa.Table, agent: str, job: JobRecord, n_boot: int, seed: int) 
                 attempts=int(attempts),
             )
         )
+        if not numeric:
+            auroc = _auroc_row(part, agent, job, g, n_boot, seed, out[-1])
+            if auroc is not None:
+                out.append(auroc)
     return out
+
+
+def _auroc_row(
+    part: pa.Table, agent: str, job: JobRecord, g: dict, n_boot: int, seed: int, base: ScoreRow
+) -> ScoreRow | None:
+    """AUROC from the class probabilities agents gave (rows without them count as missing)."""
+    given = [None if s is None else msgspec.json.decode(s) for s in part["scores"].to_pylist()]
+    if not any(given):
+        return None
+    truth = part["truth_text"].to_pylist()
+    classes = sorted({c for c in truth if c is not None} | {c for s in given if s for c in s})
+    matrix = np.full((len(given), len(classes)), np.nan)
+    for i, s in enumerate(given):
+        if s:
+            matrix[i] = [float(s.get(c, 0.0)) for c in classes]
+    m = metric_score("auroc", part["truth_text"], None, matrix, classes, n_boot=n_boot, seed=seed)
+    return msgspec.structs.replace(
+        base,
+        metric="auroc",
+        value=m.value,
+        ci_low=m.ci_low,
+        ci_high=m.ci_high,
+        n=m.n,
+        n_missing=m.n_missing,
+    )
 
 
 def _flag(rows: list[ScoreRow]) -> list[ScoreRow]:

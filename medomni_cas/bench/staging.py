@@ -19,7 +19,7 @@ import msgspec
 from medomni_cas.errors import InvalidName
 from medomni_cas.store.store import Store
 from medomni_cas.store.trees import export_tree
-from medomni_cas.studio.records import AtomTask, FormatCheck
+from medomni_cas.studio.records import SCORES_KEY, AtomTask, FormatCheck
 
 __all__ = ["WORKSPACE", "answer_schema", "stage_atom", "submission_file"]
 
@@ -33,7 +33,14 @@ def answer_schema(check: FormatCheck) -> bytes:
         {"name": t.name, "kind": t.kind, "classes": list(t.classes), "question": t.question}
         for t in check.targets
     ]
-    return msgspec.json.format(msgspec.json.encode({"targets": targets}), indent=2) + b"\n"
+    doc = {
+        "targets": targets,
+        "optional": {
+            SCORES_KEY: "class probabilities, {target: {class: probability}}, for class "
+            "targets; the scorer reports AUROC from them"
+        },
+    }
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
 
 
 def submission_file(atom: AtomTask, workdir: Path) -> Path:

@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 AnswerValue = str | float | None
+#: The answer's optional key for class probabilities: {target: {class: probability}}.
+SCORES_KEY = "_scores"
 
 
 class BuildConfig(Record, kw_only=True):
@@ -112,7 +114,9 @@ class FormatCheck(Record, kw_only=True):
             return [f"the answer is a JSON object of targets, not {type(answer).__name__}"]
         out: list[str] = []
         names = {t.name for t in self.targets}
-        out += [f"unknown target {k!r}" for k in answer if k not in names]
+        out += [f"unknown target {k!r}" for k in answer if k not in names and k != SCORES_KEY]
+        if SCORES_KEY in answer:
+            out += self._score_problems(answer[SCORES_KEY])
         for t in self.targets:
             if t.name not in answer:
                 out.append(f"{t.name}: missing")
@@ -122,6 +126,26 @@ class FormatCheck(Record, kw_only=True):
                 out.append(f"{t.name}: {v!r} is not one of {', '.join(t.classes)}")
             elif t.kind == "numeric" and (isinstance(v, bool) or not isinstance(v, int | float)):
                 out.append(f"{t.name}: {v!r} is not a number")
+        return out
+
+    def _score_problems(self, scores: object) -> list[str]:
+        # optional: {target: {class: probability}} for class targets, which AUROC needs
+        if not isinstance(scores, dict):
+            return [f"{SCORES_KEY}: a JSON object of class targets, not {type(scores).__name__}"]
+        kinds = {t.name: t for t in self.targets}
+        out = []
+        for name, per in scores.items():
+            t = kinds.get(name)
+            if t is None or t.kind != "class":
+                out.append(f"{SCORES_KEY}.{name}: not a class target")
+            elif not isinstance(per, dict) or not per:
+                out.append(f"{SCORES_KEY}.{name}: a JSON object of class -> probability")
+            else:
+                for c, v in per.items():
+                    if c not in t.classes:
+                        out.append(f"{SCORES_KEY}.{name}: {c!r} is not one of its classes")
+                    elif isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+                        out.append(f"{SCORES_KEY}.{name}.{c}: {v!r} is not a probability")
         return out
 
 
