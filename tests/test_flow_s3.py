@@ -27,12 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SET = "medomni-bench/small"
 SMALL = {
-    "description": "Two n20 pairs, for tests.",
+    "description": "One n20 pair, for tests (moto serves each request in turn).",
     "builder": "medomni-v1",
     "arms": ["no-perception", "encoders"],
     "pairs": [
         {"task": "synth-ehr_ckd-staging@n20", "n": 1},
-        {"task": "synth-ehr_hba1c-next@n20", "n": 1},
     ],
 }
 
