@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 import medomni_cas as mc
-from examples import synth
 from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import CheckFailed, check_posix_permissions, run_set
 from medomni_cas.bench.process import ProcessRunner
@@ -26,31 +25,17 @@ from medomni_cas.bench.runfolders import RunFolderError, import_run_folder
 from medomni_cas.bench.runners import Job, Trial
 from medomni_cas.bench.scorer import ScoreError, jobs_of, score_jobs
 from medomni_cas.studio.tasksets import build_set, show_set
+from tests._sets import small_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SET = "medomni-bench/small"
-SMALL = {
-    "description": "Two n20 pairs, for tests.",
-    "builder": "medomni-v1",
-    "arms": ["no-perception", "encoders-required"],
-    "pairs": [
-        {"task": "synth-ehr_ckd-staging@n20", "n": 1},
-        {"task": "synth-ehr_hba1c-next@n20", "n": 1},
-    ],
-}
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Studio and bench copies, generated data, and a small set of two n20 pairs."""
-    root = tmp_path_factory.mktemp("bench")
-    shutil.copytree(EXAMPLES / "studio", root / "studio", ignore=shutil.ignore_patterns("data"))
-    shutil.copytree(EXAMPLES / "bench", root / "bench")
-    sets = root / "bench/benchmarks/medomni-bench/sets"
-    (sets / "small.yaml").write_text(yaml.safe_dump(SMALL, sort_keys=False))
-    synth.generate(root / "studio/datasets/synth-ehr/data", patients=150, seed=0)
-    return root
+    return small_tree(tmp_path_factory.mktemp("bench"), arms=["no-perception", "encoders-required"])
 
 
 @pytest.fixture

@@ -5,46 +5,35 @@ merge by identity, only refs coordinate, so the task set, run index and scores a
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 import medomni_cas as mc
-from examples import synth
 from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.records import RunRecord
 from medomni_cas.bench.scorer import jobs_of, score_jobs
 from medomni_cas.studio.tasksets import build_set, show_set
+from tests._sets import small_tree
 from tests.test_backends import BUCKET, s3_endpoint  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SET = "medomni-bench/small"
-SMALL = {
-    "description": "One n20 pair, for tests (moto serves each request in turn).",
-    "builder": "medomni-v1",
-    "arms": ["no-perception", "encoders"],
-    "pairs": [
-        {"task": "synth-ehr_ckd-staging@n20", "n": 1},
-    ],
-}
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("flow")
-    shutil.copytree(EXAMPLES / "studio", root / "studio", ignore=shutil.ignore_patterns("data"))
-    shutil.copytree(EXAMPLES / "bench", root / "bench")
-    sets = root / "bench/benchmarks/medomni-bench/sets"
-    (sets / "small.yaml").write_text(yaml.safe_dump(SMALL, sort_keys=False))
-    synth.generate(root / "studio/datasets/synth-ehr/data", patients=150, seed=0)
-    return root
+    # one pair is enough to show the shards merge (moto serves each request in turn)
+    return small_tree(
+        tmp_path_factory.mktemp("flow"),
+        arms=["no-perception", "encoders"],
+        pairs=("synth-ehr_ckd-staging@n20",),
+    )
 
 
 def _flow(store: mc.Store, tree: Path, runs: Path) -> tuple[mc.ObjectId, dict[str, tuple], list]:  # type: ignore[type-arg]
