@@ -258,6 +258,23 @@ class BackendTests:
         assert list(backend.ref_log_names()) == ["dead", "live", "x/y"]
         assert [n for n, _ in backend.ref_iter()] == ["live", "x/y"]
 
+    def test_ref_get_many(self, backend: Backend) -> None:
+        a, b = key(b"a"), key(b"b")
+        backend.ref_update("runs/slots/1", None, a, b"")
+        backend.ref_update("x@1+2=3/a_b-c.d", None, b, b"")
+        backend.ref_update("gone", None, a, b"")
+        backend.ref_update("gone", a, None, b"")
+        names = ["x@1+2=3/a_b-c.d", "never", "runs/slots/1", "gone", "runs/slots", "runs/slots/1"]
+        assert backend.ref_get_many(names) == [b, None, a, None, None, a]
+        assert backend.ref_get_many([]) == []
+        assert backend.ref_get_many(("runs/slots/1",)) == [a]  # any sequence
+
+    def test_ref_get_many_agrees_with_ref_get(self, backend: Backend) -> None:
+        names = [f"runs/slots/{counter_key(i).hex()}" for i in range(50)]
+        for i, name in enumerate(names[::2]):
+            assert backend.ref_update(name, None, counter_key(i), b"")
+        assert backend.ref_get_many(names) == [backend.ref_get(n) for n in names]
+
     def test_refs_and_objects_are_separate(self, backend: Backend) -> None:
         a = key(b"a")
         backend.ref_update("r", None, a, b"")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 
 import pytest
 
 import medomni_cas as mc
 from medomni_cas.store.backends.memory import MemoryBackend
-from medomni_cas.store.refs import check_ref_name
+from medomni_cas.store.refs import check_ref_name, check_ref_names
 
 
 @pytest.mark.parametrize(
@@ -20,25 +21,25 @@ def test_good_names(name: str) -> None:
     assert check_ref_name(name) == name
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "",
-        "/abs",
-        "a//b",
-        "a/",
-        "../x",
-        "a/../b",
-        "a/./b",
-        ".hidden",
-        "a/b.lock",
-        "a b",
-        "a\x00b",
-        "a\\b",
-        "x" * 1025,
-        "a..b",
-    ],
-)
+BAD_NAMES = [
+    "",
+    "/abs",
+    "a//b",
+    "a/",
+    "../x",
+    "a/../b",
+    "a/./b",
+    ".hidden",
+    "a/b.lock",
+    "a b",
+    "a\x00b",
+    "a\\b",
+    "x" * 1025,
+    "a..b",
+]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_names_are_refused_and_nothing_written(store: mc.Store, name: str) -> None:
     oid = store.put_blob(b"x")
     with pytest.raises(mc.InvalidName):
@@ -77,6 +78,64 @@ def test_create_cas_delete_and_history(store: mc.Store) -> None:
     ]
     assert all(h1.time <= h2.time for h1, h2 in itertools.pairwise(hist))
     assert refs.logged_names() == ["tasksets/bench/v1"]
+
+
+def test_get_many(store: mc.Store) -> None:
+    a, b = store.put_blob(b"a"), store.put_blob(b"b")
+    store.refs.add_if_new("runs/slots/00ff", a)
+    store.refs.add_if_new("runs/x.y/z=1+2", b)
+    names = ["runs/slots/00ff", "runs/slots/never", "runs/x.y/z=1+2", "runs/slots/00ff"]
+    got = store.refs.get_many(names)
+    assert got == [a, None, b, a] == [store.refs.get(n) for n in names]
+    assert all(type(x) is mc.ObjectId for x in got if x is not None)
+    assert store.refs.get_many([]) == []
+    assert store.refs.get_many(iter(names[:2])) == [a, None]
+    # a value that is not an id (written below the Refs layer) is refused, as by get
+    store.backend.ref_update("runs/short", None, b"short", b"")
+    for asked in (["runs/short"], ["runs/slots/00ff", "runs/short"], ["x", "runs/short"]):
+        with pytest.raises(mc.InvalidId):
+            store.refs.get_many(asked)
+    with pytest.raises(mc.InvalidId):
+        store.refs.get("runs/short")
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_get_many_refuses_a_bad_name_naming_it(store: mc.Store, name: str) -> None:
+    store.refs.add_if_new("runs/slots/00ff", store.put_blob(b"a"))
+    for names in ([name], ["runs/slots/00ff", name, "ok"], ["x.y", name]):
+        with pytest.raises(mc.InvalidName) as err:
+            store.refs.get_many(names)
+        assert repr(name) in str(err.value)
+    with pytest.raises(mc.InvalidName, match="string"):
+        store.refs.get_many(["a", 3])  # type: ignore[list-item]
+
+
+def test_check_ref_names_agrees_with_check_ref_name() -> None:
+    """The all-at-once check accepts exactly the lists whose every name is valid."""
+    rng = random.Random(7)
+    alphabet = "ab9_@+=-./ \x00é"
+
+    def valid(name: str) -> bool:
+        try:
+            check_ref_name(name)
+        except mc.InvalidName:
+            return False
+        return True
+
+    for _ in range(3000):
+        names = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8)))
+            for _ in range(rng.randrange(1, 4))
+        ]
+        try:
+            check_ref_names(names)
+            ok = True
+        except mc.InvalidName:
+            ok = False
+        assert ok == all(map(valid, names)), names
+    check_ref_names(["x" * 1024, "a/b"])
+    with pytest.raises(mc.InvalidName):
+        check_ref_names(["a/b", "x" * 1025])
 
 
 def test_ref_to_missing_object_is_refused(store: mc.Store) -> None:

@@ -9,6 +9,8 @@ import msgspec
 import pytest
 
 import medomni_cas as mc
+from medomni_cas.errors import InvalidObject
+from medomni_cas.store import encoding
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.backends.memory import MemoryBackend
 from medomni_cas.store.blobs import blob_object
@@ -211,3 +213,57 @@ def test_progress_counts_objects(store: mc.Store) -> None:
     seen: list[int] = []
     report = fsck(store, progress=seen.append)
     assert seen and seen == sorted(seen) and seen[-1] == report.objects
+
+
+def test_one_decode_path_agrees_with_the_full_check() -> None:
+    """Once a kind has passed the full check, verify reads its objects with one decode (the
+    links collected by the decoder's hook) and one re-encode; each verdict and every link
+    must be what `validate_canonical` and `links` say, odd bytes included."""
+    store = mc.open("memory://")
+    a, b, c = (store.put_blob(b"leaf %d" % i) for i in range(3))
+    kind = "test-verify-note"
+    admit = store.put_object(kind, 1, {"see": [a]})
+
+    def raw(*value: object) -> bytes:  # plain msgpack: keys in the order given
+        return msgspec.msgpack.encode(list(value))
+
+    def link(oid: bytes) -> msgspec.msgpack.Ext:
+        return msgspec.msgpack.Ext(1, bytes(oid))
+
+    crafted = [
+        encoding.encode_object(kind, 1, {"x": [b, {"y": a}, b], "z": c}),  # repeats, nesting
+        encoding.encode_object(kind, 1, {"n": 1.5, "s": "\xc7 \x01 looks like a link"}),
+        encoding.encode_object(kind, 2, {"see": c}),  # a version not seen yet
+        raw(kind, 1, {"z": 1, "a": link(a)}),  # keys not sorted
+        raw(kind, 1, {"a": -0.0}),
+        raw(kind, 1, {"a": float("nan")}),
+        raw(kind, 1, {"a": msgspec.msgpack.Ext(2, b"x")}),  # unknown extension
+        raw(kind, 1, {"a": msgspec.msgpack.Ext(1, b"short")}),  # a link of the wrong length
+        raw(kind, 1, {"a": 1}) + b"\x00",  # trailing bytes
+        raw(kind, 1, {"a": 1}, 4),  # four elements
+        raw(kind, True, {"a": 1}),  # a bool version
+        raw(kind, 1, {"a": {1: 2}}),  # an integer map key
+        raw("blob", 2, b"x"),  # a blob kind without the blob header
+        encoding.encode_blob_header(5) + b"abc",  # a truncated blob
+        b"\xc1 not msgpack",
+    ]
+    expected: list[Problem] = []
+    links: set[bytes] = {a}
+    for data in crafted:
+        oid = hash_bytes(data)
+        try:
+            encoding.validate_canonical(data)
+            links.update(encoding.links(data))
+        except InvalidObject as e:
+            expected.append(Problem("malformed", oid.hex(), f"object {oid}: {e}"))
+    ids = [hash_bytes(d) for d in crafted]
+    store.backend.put_many(zip(ids, crafted, strict=True))
+    report = verify_closure(store, [admit, *ids])
+    assert sorted(report.problems, key=lambda p: p.id) == sorted(expected, key=lambda p: p.id)
+    assert len(expected) == len(crafted) - 3
+    assert report.objects == 1 + len(crafted) + len(links)
+    # a link that only the one-decode path reads is followed: its absence is found
+    store.backend.delete_many([c])
+    report = verify_closure(store, [admit, ids[0]])
+    assert [(p.kind, p.id) for p in report.problems] == [("missing", c.hex())]
+    assert ids[0].hex() in report.problems[0].message

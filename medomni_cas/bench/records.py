@@ -13,7 +13,7 @@ that the scorer reads millions of predictions as columns instead of as millions 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import blake3
@@ -92,6 +92,7 @@ def _slot_id(atom: ObjectId, agent_config: ObjectId, arm_variant: str, repetitio
 
 
 _LINK_HEADER = bytes([0xC7, 32, encoding.LINK_EXT])  # msgpack ext 8, 32 bytes, a link
+_wrap_id = partial(bytes.__new__, ObjectId)  # an id from a fresh digest, unchecked
 
 
 @lru_cache(maxsize=64)
@@ -125,8 +126,9 @@ def _plain(agent_config: object, arm_variant: object, repetition: object) -> boo
 def slot_id(atom: ObjectId, agent_config: ObjectId, arm_variant: str, repetition: int) -> ObjectId:
     """A run slot's id: ``hash(RunSlot(atom, agent_config, arm_variant, repetition))``.
 
-    Computed from the slot's bytes around the atom, made once per (agent config, arm
-    variant, repetition): the same bytes as encoding the record, ~6x faster.
+    Hashed from the slot's bytes around the atom, made once per (agent config, arm
+    variant, repetition): the same bytes as encoding the record, in half the time (`slot_ids`
+    for a job's slots: a third).
     """
     if type(atom) is ObjectId and _plain(agent_config, arm_variant, repetition):
         head, tail = _slot_frame(agent_config, arm_variant, repetition)
@@ -138,16 +140,13 @@ def slot_ids(
     atoms: Iterable[ObjectId], agent_config: ObjectId, arm_variant: str, repetition: int
 ) -> list[ObjectId]:
     """`slot_id` of each atom for one agent config, arm variant and repetition (a job)."""
-    if not _plain(agent_config, arm_variant, repetition):
-        return [_slot_id(a, agent_config, arm_variant, repetition) for a in atoms]
+    atoms = list(atoms)
+    if not _plain(agent_config, arm_variant, repetition) or set(map(type, atoms)) - {ObjectId}:
+        return [slot_id(a, agent_config, arm_variant, repetition) for a in atoms]
     head, tail = _slot_frame(agent_config, arm_variant, repetition)
     b3 = blake3.blake3
-    return [
-        bytes.__new__(ObjectId, b3(head + a + tail).digest())
-        if type(a) is ObjectId
-        else _slot_id(a, agent_config, arm_variant, repetition)
-        for a in atoms
-    ]
+    # digests first, ids after: plain bytes are not tracked by the garbage collector
+    return list(map(_wrap_id, [b3(head + a + tail).digest() for a in atoms]))
 
 
 class EncoderServed(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -19,7 +19,7 @@ Contract for implementers:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import ClassVar
 
 __all__ = ["FRESHEN_AFTER", "Backend"]
@@ -106,6 +106,15 @@ class Backend(ABC):
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys that are not stored, in order."""
         return [k for k in keys if not self.contains(k)]
+
+    def ref_get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        """What each ref points to (None where absent), in order.
+
+        Note for implementers: the default reads one ref at a time; a backend that can read
+        many in one go (one transaction, one listing) should override it. The values need
+        not be one snapshot: each is some value its ref had during the call.
+        """
+        return [self.ref_get(name) for name in names]
 
     def remove_orphans(self, older_than: float) -> int:
         """Remove leftovers of killed writers older than ``older_than``; return how many."""

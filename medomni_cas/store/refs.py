@@ -8,20 +8,22 @@ as in Dulwich; ``set`` and ``delete`` raise `ConflictError` naming the current v
 
 from __future__ import annotations
 
+import operator
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from medomni_cas.errors import ConflictError, InvalidName, NotFound, UnsupportedOperation
-from medomni_cas.store.ids import ObjectId, parse_id
+from medomni_cas.store.ids import ID_SIZE, ObjectId, parse_id
 
 if TYPE_CHECKING:
     from medomni_cas.store.store import Store
 
-__all__ = ["RefLogEntry", "Refs", "check_ref_name"]
+__all__ = ["RefLogEntry", "Refs", "check_ref_name", "check_ref_names"]
 
 _COMPONENT = re.compile(r"[A-Za-z0-9_@+=-][A-Za-z0-9._@+=-]*\Z")
 MAX_REF_NAME = 1024
@@ -46,6 +48,38 @@ def check_ref_name(name: object) -> str:
                 "(not starting with '.', no '..', not ending in '.lock')"
             )
     return name
+
+
+# Characters of names checked in bulk: those of a component, less ".", plus "/". A name made
+# of these only has no ".."-, "."- or ".lock"-problem, so it is valid when it has no empty
+# component and is not too long, which `check_ref_names` tests on all names at once.
+_PLAIN = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@+=-/"
+
+
+def check_ref_names(names: Sequence[object]) -> None:
+    """`check_ref_name` for each of ``names``, raising `InvalidName` for the first bad one.
+
+    Names without a ``.`` (``runs/slots/<hex>``, say) are checked all at once, in a few
+    passes over their concatenation; otherwise each is checked on its own.
+    """
+    if not names:
+        return
+    try:
+        joined = "/".join(names)  # type: ignore[arg-type]
+    except TypeError:
+        joined = ""  # not all strings: the check one by one says which
+    if (
+        joined  # [""] joins to ""
+        and joined.isascii()
+        and not joined.encode().translate(None, _PLAIN)  # only plain characters
+        and not joined.startswith("/")
+        and not joined.endswith("/")
+        and "//" not in joined  # no empty name, no empty component
+        and max(map(len, names)) <= MAX_REF_NAME  # type: ignore[arg-type]
+    ):
+        return
+    for name in names:
+        check_ref_name(name)
 
 
 class RefLogEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -78,6 +112,10 @@ _LOG_ENC = msgspec.msgpack.Encoder(order="sorted")
 _LOG_DEC = msgspec.msgpack.Decoder(RefLogEntry)
 
 
+_not_none = partial(operator.is_not, None)
+_wrap_id = partial(bytes.__new__, ObjectId)  # ObjectId(raw) less its length check
+
+
 def _raw(value: ObjectId | str | bytes | None) -> bytes | None:
     return None if value is None else bytes(parse_id(value))
 
@@ -102,6 +140,23 @@ class Refs:
     def get(self, name: str, default: ObjectId | None = None) -> ObjectId | None:
         raw = self._backend.ref_get(check_ref_name(name))
         return default if raw is None else ObjectId(raw)
+
+    def get_many(self, names: Sequence[str]) -> list[ObjectId | None]:
+        """What each of ``names`` points to, None where absent, in order: one backend read
+        for all of them (a resume check reads one ref per run slot)."""
+        if not isinstance(names, list | tuple):
+            names = list(names)
+        check_ref_names(names)
+        raws = self._backend.ref_get_many(names)
+        complete = None not in raws
+        values = raws if complete else list(filter(_not_none, raws))
+        # the values' lengths in one pass; then wrap them without checking each again
+        if not set(map(len, values)) <= {ID_SIZE}:
+            for raw in values:
+                ObjectId(raw)  # raises InvalidId for the first of a wrong length
+        if complete:
+            return list(map(_wrap_id, raws))
+        return [raw and _wrap_id(raw) for raw in raws]  # None stays None; ids are not empty
 
     def __getitem__(self, name: str) -> ObjectId:
         value = self.get(name)

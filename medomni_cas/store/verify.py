@@ -6,12 +6,16 @@ in batches and never raise for a bad object: each finding becomes a `Problem` in
 
 Order of work: first the closures are walked (so a problem found there names the ref and the
 parent that reach it), then `fsck` lists the backend and checks the objects the walk did not
-reach. Each object is read and hashed once.
+reach. Each object is read and hashed once, and decoded once: after one object of a kind
+has passed the full check (`encoding.validate_canonical`, then `encoding.links`), the others
+are checked by one decode, whose extension hook notes the links, and one re-encode; any
+doubt sends an object through the full check, which says what is wrong with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from itertools import batched
 from typing import TYPE_CHECKING
 
@@ -41,6 +45,9 @@ MISSING = "missing"
 MALFORMED = "malformed"
 DANGLING_REF = "dangling-ref"
 _BATCH = 1024
+_BLOB_PREFIX = encoding.encode_blob_header(0)[:-2]  # what every blob object starts with
+_Ext = msgspec.msgpack.Ext
+_wrap_id = partial(bytes.__new__, ObjectId)  # an id from 32 bytes (or a view of them)
 
 
 class Problem(msgspec.Struct, frozen=True):
@@ -62,6 +69,21 @@ class FsckReport(msgspec.Struct):
     problems: list[Problem]
 
 
+def _noting_hook(note: Callable[[ObjectId], None]) -> Callable[[int, memoryview], _Ext]:
+    """The canonical decoder's extension hook, except that a link stays an `Ext` (which
+    re-encodes as it was, without the encoder's hook) and its id is passed to ``note``."""
+    link_ext, wrap, ext = encoding.LINK_EXT, _wrap_id, _Ext
+
+    def hook(code: int, data: memoryview) -> _Ext:
+        if code == link_ext and len(data) == ID_SIZE:
+            oid = wrap(data)
+            note(oid)
+            return ext(code, oid)
+        raise InvalidObject(f"unknown msgpack extension type {code} (length {len(data)})")
+
+    return hook
+
+
 class _Checker:
     """Checks objects once each and collects problems, one per id."""
 
@@ -72,6 +94,11 @@ class _Checker:
         self.absent: set[bytes] = set()
         self.checked = 0
         self.problems: dict[tuple[str, str], Problem] = {}
+        # the fast path: one decode whose link hook collects the links, one re-encode; kinds
+        # (with versions) are admitted to it by passing the full check once
+        self._kinds: set[tuple[str, int]] = set()
+        self._found: list[ObjectId] = []
+        self._decoder = msgspec.msgpack.Decoder(ext_hook=_noting_hook(self._found.append))
 
     def report(self, kind: str, key: str, message: str, ref: str = "") -> None:
         self.problems.setdefault((kind, key), Problem(kind, key, message, ref))
@@ -84,19 +111,54 @@ class _Checker:
                 MALFORMED, key.hex(), f"stored key {key.hex()} of {len(key)} bytes is not an id"
             )
             return None
-        oid = key.hex()
-        got = blake3.blake3(data).hexdigest()
-        if got != oid:
+        digest = blake3.blake3(data).digest()
+        if digest != key:
+            oid = key.hex()
             self.report(
-                CORRUPT, oid, f"object {oid} is corrupt{where}: its bytes hash to {got}", ref
+                CORRUPT,
+                oid,
+                f"object {oid} is corrupt{where}: its bytes hash to {digest.hex()}",
+                ref,
             )
             return None
+        found = self._fast_links(data)
+        if found is not None:
+            return found
         try:
-            encoding.validate_canonical(data)
-            return encoding.links(data)
+            kind = encoding.validate_canonical(data)
+            found = encoding.links(data)
         except InvalidObject as e:
+            oid = key.hex()
             self.report(MALFORMED, oid, f"object {oid}{where}: {e}", ref)
             return None
+        self._kinds.add(kind)
+        return found
+
+    def _fast_links(self, data: bytes) -> list[ObjectId] | None:
+        """`encoding.validate_canonical` and `encoding.links` in one decode, for a blob or an
+        object of a kind already seen; None when it needs the full check (which says why).
+
+        A canonical object has string map keys only, so the links its decode meets are those
+        `encoding.links` collects from the body's values and lists.
+        """
+        try:
+            if data[: len(_BLOB_PREFIX)] == _BLOB_PREFIX:
+                encoding.blob_data(data)
+                return []
+            self._found.clear()
+            value = self._decoder.decode(data)
+            if type(value) is not list or len(value) != 3:
+                return None
+            kind, version, body = value
+            if type(kind) is not str or type(version) is not int:
+                return None
+            if (kind, version) not in self._kinds:
+                return None
+            if encoding.encode_object(kind, version, body) != data:
+                return None
+        except (msgspec.DecodeError, InvalidObject):
+            return None
+        return list(dict.fromkeys(self._found))
 
     def walk(self, roots: Iterable[tuple[ObjectId, str]]) -> None:
         """Check the closure of each ``(root, ref name or "")``, reporting missing links."""
@@ -112,15 +174,15 @@ class _Checker:
             while frontier:
                 nxt: list[tuple[ObjectId, ObjectId | None]] = []
                 for part in batched(frontier, _BATCH):
-                    parents = dict(part)
-                    for key, data in self.backend.get_many([oid for oid, _ in part]):
-                        oid = ObjectId(key)
-                        parent = parents[oid]
+                    # read in key order (LMDB's page order, ~1.25x faster), check in BFS order
+                    got = dict(self.backend.get_many(sorted(oid for oid, _ in part)))
+                    for oid, parent in part:
+                        data = got[oid]
                         if data is None:
                             self.absent.add(oid)
                             self._report_missing(oid, parent, ref)
                             continue
-                        found = self.check(key, data, via, ref)
+                        found = self.check(oid, data, via, ref)
                         for link in found or ():
                             if link not in self.seen:
                                 self.seen.add(link)

@@ -19,7 +19,7 @@ import contextlib
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -92,10 +92,10 @@ class LMDBBackend(Backend):
                 self.env.set_mapsize(0)  # adopt the size another process grew the map to
         raise RuntimeError(f"{self.url}: LMDB map could not be grown")
 
-    def _read(self) -> lmdb.Transaction:
+    def _read(self, db: lmdb._Database | None = None, *, buffers: bool = True) -> lmdb.Transaction:
         for _ in range(64):
             try:
-                return self.env.begin(buffers=True)
+                return self.env.begin(db=db, buffers=buffers)
             except lmdb.MapResizedError:
                 self.env.set_mapsize(0)  # another process grew the map (maybe again)
         raise RuntimeError(f"{self.url}: LMDB map keeps being resized by another process")
@@ -268,6 +268,13 @@ class LMDBBackend(Backend):
         with self._read() as txn:
             value = txn.get(name.encode(), db=self._refs)
             return None if value is None else bytes(value)
+
+    def ref_get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        keys = list(map(str.encode, names))
+        # one read transaction; values as bytes, not buffers: for 32-byte values a buffer
+        # costs more than the copy it saves
+        with self._read(self._refs, buffers=False) as txn:
+            return list(map(txn.get, keys))
 
     def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
         key = name.encode()

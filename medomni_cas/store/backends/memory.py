@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from medomni_cas.store.backend import Backend
 
@@ -62,6 +62,9 @@ class MemoryBackend(Backend):
 
     def ref_get(self, name: str) -> bytes | None:
         return self._refs.get(name)
+
+    def ref_get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        return list(map(self._refs.get, names))
 
     def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
         with self._lock:
