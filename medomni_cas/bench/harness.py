@@ -41,7 +41,7 @@ from medomni_cas.bench.records import (
     PredictionRecord,
     PredictionTable,
     RunRecord,
-    slot_id,
+    slot_ids,
 )
 from medomni_cas.bench.replay import agent_ref, slot_ref
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
@@ -234,6 +234,26 @@ def _check_routes(
                     f"route: dataset {ds_name} allows the {agent.route} route only if: {text} "
                     "(run again with --accept-conditions if you meet them)"
                 )
+
+
+class _RunState(msgspec.Struct):
+    """What resume reads of a run record; msgspec skips the other fields undecoded."""
+
+    outcome: str
+    attempt: int
+
+
+_RUN_STATE = msgspec.msgpack.Decoder(tuple[str, int, _RunState])
+
+
+def _run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, tuple[str, int]]:
+    out = {}
+    for rid, data in store.get_raw_many(runs):  # verified bytes
+        kind, _, state = _RUN_STATE.decode(data)  # type: ignore[arg-type]
+        if kind != RunRecord.__kind__:
+            raise MedomniError(f"run slot points at {rid}, a {kind}, not a run record")
+        out[rid] = (state.outcome, state.attempt)
+    return out
 
 
 # -- claims ---------------------------------------------------------------------------------
@@ -520,19 +540,19 @@ def run_set(
                 runner=impl.name,
             )
             previous: dict[ObjectId, ObjectId | None] = {}
-            slots: list[ObjectId] = []
-            for aid, atom in atoms:
-                slot = slot_id(aid, agent_id, arm_label, rep)
-                slots.append(slot)
+            # resume: one batch of ref reads per job, then only outcome and attempt of runs
+            slots = slot_ids([aid for aid, _ in atoms], agent_id, arm_label, rep)
+            lasts = store.refs.get_many([slot_ref(s) for s in slots])
+            states = _run_states(store, [r for r in lasts if r is not None])
+            for (aid, atom), slot, last in zip(atoms, slots, lasts, strict=True):
                 if shard is not None and int.from_bytes(slot[:8], "big") % shard[1] != shard[0]:
                     continue
-                last = store.refs.get(slot_ref(slot))
                 attempt = 1
                 if last is not None:
-                    run = store.get(last, RunRecord)
-                    if run.outcome in AGENT_OUTCOMES or run.attempt >= max_attempts:
+                    outcome, tried = states[last]
+                    if outcome in AGENT_OUTCOMES or tried >= max_attempts:
                         continue  # done (or given up on): resume skips it
-                    attempt = run.attempt + 1
+                    attempt = tried + 1
                 check = checks.get(atom.format_check)
                 if check is None:
                     check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
