@@ -1,0 +1,457 @@
+"""A Harbor environment on the docker SDK: a closed network, and the perception sidecar.
+
+Harbor loads it through ``environment.import_path`` =
+``medomni_harbor.environment:MedomniDockerEnvironment``; it needs no ``docker compose``.
+Per trial it starts:
+
+* when the task attaches the perception service (``[metadata.medomni.perception]`` in its
+  ``task.toml``), a sidecar from the perception image with ``--network none`` and
+  ``--add-host perception:127.0.0.1``, serving the task's gateway on port 8899 with its budget,
+  family filter and call log; the task's evidence is copied into it, not mounted;
+* the agent's container from the task's ``docker_image``, with ``sleep infinity`` as its main
+  process (under ``--init``), the task's cpus and memory as hard limits, and either
+  ``--network container:<sidecar>`` (it shares the sidecar's loopback, so
+  ``http://perception:8899`` answers and nothing else does) or ``--network none``.
+
+Neither container has any interface but ``lo`` nor any route: this does not depend on the
+engine's iptables (a Docker ``--internal`` network does, and leaks without them). Commands run
+as ``bash -c``; files move as tar archives (``put_archive``/``get_archive``). When the trial
+stops, the sidecar's call log and served-encoder list go to ``<trial>/perception/``, and both
+containers are removed. Containers carry the owning process in a label, so a later run removes
+what a killed one left behind (`medomni_harbor._docker.remove_stale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import time
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import (
+    EnvironmentCapabilities,
+    EnvironmentResourceCapabilities,
+)
+
+from medomni_harbor import _docker
+from medomni_harbor.images import sidecar_runtime
+
+__all__ = [
+    "PERCEPTION_DIR",
+    "PERCEPTION_PORT",
+    "ContainerFailure",
+    "MedomniDockerEnvironment",
+    "perception_of",
+]
+
+PERCEPTION_PORT = 8899
+PERCEPTION_DIR = "perception"  # in the trial folder: encoders.json, calls.jsonl, sidecar.log
+# Go's os.FileMode bits, as the engine's stat reports them
+_MODE_DIR = 1 << 31
+_MODE_SYMLINK = 1 << 27
+_MODE_TYPE = _MODE_DIR | _MODE_SYMLINK | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+_LOG_TAIL = 256 * 1024
+
+
+class ContainerFailure(RuntimeError):
+    """The engine failed under a trial (it died, a container vanished): the infrastructure's
+    failure, never the agent's, whatever phase it happened in."""
+
+
+async def _engine(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn`` in the engine's thread pool; engine failures become `ContainerFailure` (a
+    missing path stays ``docker.errors.NotFound`` for the caller to answer)."""
+    import docker
+    import requests
+
+    try:
+        return await _docker.in_thread(fn, *args, **kwargs)
+    except docker.errors.NotFound:
+        raise
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        raise ContainerFailure(f"the Docker engine failed: {e}") from e
+
+
+def perception_of(task_dir: Path) -> dict[str, Any] | None:
+    """The perception block of a rendered task (``[metadata.medomni.perception]``), if any."""
+    path = task_dir / "task.toml"
+    if not path.is_file():
+        return None
+    meta = tomllib.loads(path.read_text()).get("metadata", {}).get("medomni", {})
+    block = meta.get("perception")
+    return dict(block) if block else None
+
+
+def _name(session_id: str, role: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in session_id)
+    return f"mdh-{safe}-{role}"[:120]
+
+
+class MedomniDockerEnvironment(BaseEnvironment):
+    """One trial's containers on a Docker engine (see the module docstring).
+
+    Keyword arguments (Harbor's ``environment.kwargs``): ``docker_host`` (default
+    ``$DOCKER_HOST``), ``perception_image`` (needed when a task attaches the service),
+    ``sidecar_cpus`` and ``sidecar_memory_mb`` (the sidecar's own limits), ``health_timeout_sec``
+    (how long the gateway may take to answer).
+    """
+
+    def __init__(
+        self,
+        environment_dir: Path,
+        environment_name: str,
+        session_id: str,
+        trial_paths: Any,
+        task_env_config: Any,
+        logger: Any = None,
+        *args: Any,
+        docker_host: str | None = None,
+        perception_image: str | None = None,
+        sidecar_cpus: float = 1.0,
+        sidecar_memory_mb: int = 1024,
+        health_timeout_sec: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
+        self._host = _docker.docker_host(docker_host)
+        self._perception = perception_of(Path(environment_dir).parent)
+        self._perception_image = perception_image
+        self._sidecar_cpus = sidecar_cpus
+        self._sidecar_memory_mb = sidecar_memory_mb
+        self._health_timeout = health_timeout_sec
+        self._main: Any = None
+        self._sidecar: Any = None
+        super().__init__(
+            environment_dir,
+            environment_name,
+            session_id,
+            trial_paths,
+            task_env_config,
+            logger,
+            *args,
+            **kwargs,
+        )
+
+    # -- what Harbor asks of an environment ------------------------------------------------
+    @staticmethod
+    def type() -> str:
+        return "medomni-docker"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        # no-network is enforced (network none, or a sidecar's loopback-only namespace)
+        return EnvironmentCapabilities(disable_internet=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(
+            cpu_limit=True, memory_limit=True, fractional_cpus=True
+        )
+
+    def _validate_definition(self) -> None:
+        if not self.task_env_config.docker_image:
+            raise FileNotFoundError(
+                f"{self.environment_dir.parent}: [environment].docker_image is required by "
+                "the medomni-docker environment (it builds no Dockerfile)"
+            )
+
+    @property
+    def perception_attached(self) -> bool:
+        return self._perception is not None
+
+    @property
+    def workdir(self) -> str:
+        return self.task_env_config.workdir or "/workspace"
+
+    # -- start and stop ----------------------------------------------------------------------
+    async def start(self, force_build: bool) -> None:
+        try:
+            await _engine(self._start)
+        except BaseException:
+            await _docker.in_thread(self._remove, True)
+            raise
+
+    def _labels(self, role: str) -> dict[str, str]:
+        return {
+            _docker.LABEL: role,
+            _docker.OWNER_LABEL: _docker.owner(),
+            "medomni-harbor.session": self.session_id,
+            "medomni-harbor.trial-dir": str(self.trial_paths.trial_dir),
+        }
+
+    def _limits(self, cpus: float | None, memory_mb: int | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if cpus:
+            out["nano_cpus"] = int(float(cpus) * 1e9)
+        if memory_mb:
+            out["mem_limit"] = f"{int(memory_mb)}m"
+            out["memswap_limit"] = f"{int(memory_mb)}m"  # no swap beyond the limit
+        return out
+
+    def _start(self) -> None:
+        c = _docker.client(self._host)
+        network = "none"
+        if self._perception is not None:
+            self._start_sidecar(c)
+            network = f"container:{self._sidecar.id}"
+        cpus = self._resource_limit_value("cpu", auto_mode=_limit_mode())
+        memory = self._resource_limit_value("memory", auto_mode=_limit_mode())
+        self._main = c.containers.create(
+            self.task_env_config.docker_image,
+            command=["sleep", "infinity"],
+            init=True,
+            name=_name(self.session_id, "main"),
+            working_dir=self.workdir,
+            environment=self._startup_env(),
+            network_mode=network,
+            labels=self._labels("main"),
+            **self._limits(cpus, memory),
+        )
+        # Harbor's folders, then the task's files into the working folder, before it starts
+        logs = [("logs", 0o755)] + [
+            (f"logs/{d}", 0o777) for d in ("agent", "verifier", "artifacts")
+        ]
+        self._main.put_archive("/", _docker.tar_dirs([*logs, ("tests", 0o755)]))
+        if self._upload_environment_dir():
+            self._main.put_archive(self.workdir, _docker.tar_tree(self.environment_dir))
+        self._main.start()
+        if self._sidecar is not None:
+            self._wait_for_gateway()
+
+    def _upload_environment_dir(self) -> bool:
+        from harbor.environments.definition import should_upload_environment_dir
+
+        return self._enable_environment_dir_upload and should_upload_environment_dir(
+            self.environment_dir, docker_image=self.task_env_config.docker_image
+        )
+
+    def _start_sidecar(self, c: Any) -> None:
+        if not self._perception_image:
+            raise RuntimeError(
+                "the task attaches the perception service, but the environment has no "
+                "perception_image (environment.kwargs)"
+            )
+        image = c.images.get(self._perception_image)
+        rt = sidecar_runtime(image)
+        p = self._perception
+        assert p is not None
+        self._sidecar_image = image.id
+        self._sidecar = c.containers.create(
+            image.id,
+            command=[
+                rt["python"],
+                "-m",
+                "medomni_cas.bench.perception",
+                "--evidence",
+                "/evidence",
+                "--families",
+                ",".join(p.get("families", [])),
+                "--budget",
+                str(int(p.get("budget", 0))),
+                "--atom",
+                str(p.get("atom", "")),
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(PERCEPTION_PORT),
+                "--log",
+                "/perception/calls.jsonl",
+            ],
+            name=_name(self.session_id, "perception"),
+            network_mode="none",
+            extra_hosts={"perception": "127.0.0.1"},
+            volumes={m: {"bind": m, "mode": "ro"} for m in rt["mounts"]},
+            labels=self._labels("perception"),
+            **self._limits(self._sidecar_cpus, self._sidecar_memory_mb),
+        )
+        self._sidecar.put_archive("/evidence", _docker.tar_tree(self.environment_dir))
+        self._sidecar.start()
+
+    def _wait_for_gateway(self) -> None:
+        """Until the gateway answers on the sidecar's loopback; then record what it serves."""
+        probe = ["timeout", "5", "wget", "-q", "-O", "-"]
+        url = f"http://127.0.0.1:{PERCEPTION_PORT}"
+        deadline = time.monotonic() + self._health_timeout
+        while True:
+            code, _ = self._sidecar.exec_run([*probe, f"{url}/health"])
+            if code == 0:
+                break
+            self._sidecar.reload()
+            if self._sidecar.status != "running":
+                tail = self._sidecar.logs(tail=30).decode(errors="replace")
+                raise ContainerFailure(f"the perception sidecar exited while starting:\n{tail}")
+            if time.monotonic() > deadline:
+                raise ContainerFailure(  # not TimeoutError: Harbor would call it its own
+                    f"the perception gateway did not answer within {self._health_timeout} s"
+                )
+            time.sleep(0.05)
+        code, listing = self._sidecar.exec_run([*probe, f"{url}/v1/encoders"])
+        if code != 0:
+            raise RuntimeError(f"the perception gateway did not list its encoders: {listing!r}")
+        folder = self.trial_paths.trial_dir / PERCEPTION_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        served = {"image": self._sidecar_image, "encoders": json.loads(listing)}
+        (folder / "encoders.json").write_text(json.dumps(served, indent=2) + "\n")
+
+    async def stop(self, delete: bool) -> None:
+        await _docker.in_thread(self._remove, delete)
+
+    def _remove(self, delete: bool) -> None:
+        if self._sidecar is not None:
+            with contextlib.suppress(Exception):
+                self._save_sidecar_logs()
+        for ctr in (self._main, self._sidecar):  # the agent first: it uses the sidecar's network
+            if ctr is None:
+                continue
+            with contextlib.suppress(Exception):
+                if delete:
+                    ctr.remove(force=True)
+                else:
+                    ctr.kill()
+        if delete:
+            self._main = self._sidecar = None
+
+    def _save_sidecar_logs(self) -> None:
+        folder = self.trial_paths.trial_dir / PERCEPTION_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            chunks, _ = self._sidecar.get_archive("/perception/calls.jsonl")
+        except Exception:  # no call was made: the log was never created
+            (folder / "calls.jsonl").write_bytes(b"")
+        else:
+            _docker.extract_file(chunks, folder / "calls.jsonl")
+        logs = self._sidecar.logs()
+        (folder / "sidecar.log").write_bytes(logs[-_LOG_TAIL:])
+
+    # -- commands and files ----------------------------------------------------------------
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        if self._main is None:
+            raise RuntimeError("the environment is not started")
+        merged = self._merge_env(env)
+        who = self._resolve_user(user)
+        api = _docker.client(self._host).api
+        created = await _engine(
+            api.exec_create,
+            self._main.id,
+            ["bash", "-c", command],
+            environment=merged,
+            workdir=cwd or self.workdir,
+            user=str(who) if who is not None else "",
+        )
+        exec_id = created["Id"]
+
+        def run() -> ExecResult:
+            out, err = api.exec_start(exec_id, demux=True)
+            code = api.exec_inspect(exec_id)["ExitCode"]
+            return ExecResult(
+                stdout=(out or b"").decode(errors="replace"),
+                stderr=(err or b"").decode(errors="replace"),
+                return_code=code if code is not None else -1,
+            )
+
+        import asyncio
+
+        try:
+            return await asyncio.wait_for(_engine(run), timeout=timeout_sec)
+        except TimeoutError:
+            await _docker.in_thread(self._kill_exec, api, exec_id)
+            return ExecResult(stdout="", stderr=f"timed out after {timeout_sec} s", return_code=124)
+
+    def _kill_exec(self, api: Any, exec_id: str) -> None:
+        """A command past its timeout: kill it (its pid is in the host's namespace, so only
+        an engine on this machine can be reached this way; elsewhere it ends with the trial)."""
+        with contextlib.suppress(Exception):
+            pid = api.exec_inspect(exec_id).get("Pid")
+            if pid and self._host.startswith("unix://"):
+                os.kill(int(pid), 9)
+
+    async def _mkdir(self, path: str) -> None:
+        await self.exec(f"mkdir -p {shlex.quote(path)}", user="root")
+
+    async def _put(self, folder: str, data: bytes) -> None:
+        import docker
+
+        try:
+            await _engine(self._main.put_archive, folder, data)
+        except docker.errors.NotFound:
+            await self._mkdir(folder)
+            await _engine(self._main.put_archive, folder, data)
+
+    def _stat(self, path: str) -> dict[str, Any] | None:
+        """The engine's stat of ``path`` in the agent's container (a HEAD request, no exec:
+        a few ms instead of a process), or None when there is nothing there."""
+        import base64
+
+        api = _docker.client(self._host).api
+        r = api.head(api._url("/containers/{0}/archive", self._main.id), params={"path": path})
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        stat: dict[str, Any] = json.loads(
+            base64.b64decode(r.headers["X-Docker-Container-Path-Stat"])
+        )
+        return stat
+
+    async def _kind(self, path: str, user: str | int | None, *, want_dir: bool) -> bool:
+        stat = await _engine(self._stat, path)
+        if stat is None:
+            return False
+        mode = int(stat.get("mode", 0))
+        if mode & _MODE_SYMLINK:  # `test` follows links: let it
+            check = super().is_dir if want_dir else super().is_file
+            return await check(path, user=user)
+        if want_dir:
+            return bool(mode & _MODE_DIR)
+        return not mode & _MODE_TYPE
+
+    async def is_dir(self, path: str, user: str | int | None = None) -> bool:
+        return await self._kind(path, user, want_dir=True)
+
+    async def is_file(self, path: str, user: str | int | None = None) -> bool:
+        return await self._kind(path, user, want_dir=False)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        target = PurePosixPath(target_path)
+        if target_path.endswith("/") or await self.is_dir(target_path, user="root"):
+            folder, name = str(target), Path(source_path).name
+        else:
+            folder, name = str(target.parent), target.name
+        await self._put(folder, _docker.tar_file(Path(source_path), name))
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        await self._put(target_dir, _docker.tar_tree(Path(source_dir)))
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        import docker
+
+        try:
+            chunks, _ = await _engine(self._main.get_archive, source_path)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(f"{source_path} is not in the container") from None
+        await _engine(_docker.extract_file, chunks, Path(target_path))
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        import docker
+
+        try:
+            chunks, _ = await _engine(self._main.get_archive, source_dir)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(f"{source_dir} is not in the container") from None
+        await _engine(_docker.extract_tree, chunks, Path(target_dir))
+
+
+def _limit_mode() -> Any:
+    from harbor.models.trial.config import ResourceMode
+
+    return ResourceMode.LIMIT

@@ -1,0 +1,157 @@
+"""An atom task as a Harbor task folder (``task.toml`` schema 1.4)::
+
+    <slot>-<attempt>/
+      task.toml          timeouts, the image, cpus and memory, no network, the answer artifact,
+                         and [metadata.medomni] (the slot, and the perception block if attached)
+      instruction.md     the atom's instruction
+      environment/       what the agent finds in /workspace: the staged files, exactly as every
+                         runner stages them (instruction.md, answer_schema.json, evidence)
+      tests/test.sh      the format check in bash and busybox; writes /logs/verifier/reward.json
+
+The folder's name is the run slot and attempt, so a Harbor trial (``<first 32 characters of
+the task name>__<random>``, its ``task_name`` in ``result.json``) maps back to exactly one
+slot. No answer is ever written here, and there is no ``solution/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import toml
+
+from medomni_cas.bench.runners import Job, TrialSpec
+from medomni_cas.bench.staging import WORKSPACE, stage_atom
+
+__all__ = ["ANSWER_ARTIFACT", "parse_task_name", "render_task", "task_name", "format_check_script"]
+
+#: Where Harbor puts the collected answer, under the trial's ``artifacts/``.
+ANSWER_ARTIFACT = "medomni/answer.json"
+PERCEPTION_URL = "http://perception:8899"
+
+
+def task_name(spec: TrialSpec) -> str:
+    return f"{spec.slot.hex()}-{spec.attempt}"
+
+
+def parse_task_name(name: str) -> tuple[str, int] | None:
+    """``(slot hex, attempt)`` of a rendered task's name, or None for any other name."""
+    slot, sep, attempt = name.rpartition("-")
+    if not sep or len(slot) != 64 or not attempt.isdigit():
+        return None
+    try:
+        bytes.fromhex(slot)
+    except ValueError:
+        return None
+    return slot, int(attempt)
+
+
+def format_check_script(submission: str, targets: list[str]) -> str:
+    """The format check as a shell script: the answer exists and is a JSON object naming every
+    target. It never scores; the harness repeats the full check (kinds, classes) on the host."""
+    names = " ".join(f"'{t}'" for t in targets)
+    return f"""#!/bin/bash
+# MedOmni format check: shape only, never a score. The reward is 1 when the answer at the
+# submission path is a JSON object that names every target, else 0.
+answer='{submission}'
+mkdir -p /logs/verifier
+ok=1
+if [ ! -s "$answer" ]; then
+  echo "no answer at $answer"
+  ok=0
+else
+  body=$(tr -d ' \\t\\r\\n' < "$answer")
+  case "$body" in
+    "{{"*"}}") ;;
+    *) echo "the answer is not a JSON object"; ok=0 ;;
+  esac
+  for t in {names}; do
+    case "$body" in
+      *"\\"$t\\":"*) ;;
+      *) echo "$t: missing"; ok=0 ;;
+    esac
+  done
+fi
+printf '{{"format_ok": %d}}\\n' "$ok" > /logs/verifier/reward.json
+exit 0
+"""
+
+
+def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool) -> str:
+    atom, env = spec.atom, spec.atom.environment
+    agent_timeout = env.agent_timeout_sec
+    if job.agent.limits.time_sec:
+        agent_timeout = min(agent_timeout, job.agent.limits.time_sec)
+    variables = {
+        "MEDOMNI_WORKSPACE": str(WORKSPACE),
+        "MEDOMNI_INSTRUCTION": str(WORKSPACE / "instruction.md"),
+        "MEDOMNI_SUBMISSION": atom.submission_path,
+    }
+    meta: dict[str, object] = {
+        "slot": spec.slot.hex(),
+        "attempt": spec.attempt,
+        "atom": spec.atom_id.hex(),
+        "pair": atom.pair,
+        "version": atom.version,
+        "arm": job.arm,
+        "arm_variant": job.arm_variant,
+        "repetition": job.repetition,
+        "config": atom.config.hex(),
+    }
+    if perception:
+        variables["MEDOMNI_PERCEPTION_URL"] = PERCEPTION_URL
+        meta["perception"] = {
+            "families": list(atom.families),
+            "budget": job.budget,
+            "atom": spec.atom_id.hex(),
+            "encoders": job.encoders,
+        }
+    doc = {
+        "schema_version": "1.4",
+        "artifacts": [{"source": atom.submission_path, "destination": ANSWER_ARTIFACT}],
+        "metadata": {"medomni": meta},
+        "verifier": {"timeout_sec": float(env.verifier_timeout_sec)},
+        "agent": {"timeout_sec": float(agent_timeout)},
+        "environment": {
+            "docker_image": image,
+            "cpus": env.cpus,
+            "memory_mb": env.memory_mb,
+            "workdir": str(WORKSPACE),
+            "network_mode": "public" if env.internet else "no-network",
+            "build_timeout_sec": 300.0,
+            "env": variables,
+        },
+    }
+    return toml.dumps(doc)
+
+
+def render_task(job: Job, spec: TrialSpec, root: Path, *, image: str) -> Path:
+    """Write the task folder of ``spec`` under ``root`` (replacing one left by an earlier
+    run: rendering is deterministic); its path."""
+    from harbor.models.task.config import TaskConfig
+
+    name = task_name(spec)
+    final = root / name
+    tmp = root / f".{name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    perception = job.encoders != "none"
+    try:
+        stage_atom(job.store, spec.atom, spec.format_check, tmp / "environment")
+        (tmp / "instruction.md").write_bytes(job.store.read_blob(spec.atom.instruction))
+        text = _toml(job, spec, image=image, perception=perception)
+        TaskConfig.model_validate_toml(text)  # what Harbor will read must be valid
+        (tmp / "task.toml").write_text(text)
+        tests = tmp / "tests"
+        tests.mkdir()
+        script = format_check_script(
+            spec.atom.submission_path, [t.name for t in spec.format_check.targets]
+        )
+        (tests / "test.sh").write_text(script)
+        (tests / "test.sh").chmod(0o755)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final

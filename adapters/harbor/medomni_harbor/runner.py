@@ -1,0 +1,550 @@
+"""The ``harbor`` runner: each medomni job is a Harbor job, each slot a Harbor trial.
+
+``prepare`` renders the job's slots as Harbor task folders (`medomni_harbor.render`); ``run``
+runs them with ``harbor.job.Job.create(JobConfig)`` then ``run()`` in a thread of its own, and
+yields one `Trial` per Harbor ``TrialResult`` as each trial ends, so the harness records it at
+once. Inside the run folder::
+
+    harbor/tasks/<slot>-<attempt>/    the rendered tasks (removed when the job ends)
+    harbor/replay/<slot>-<attempt>.json  answers a replay agent writes (replay configs only)
+    harbor/jobs/h-<hash>/             Harbor's job folder: config.json, result.json, job.log,
+                                      and one folder per trial, as Harbor writes it
+
+Resume agrees with Harbor's: a slot whose trial already has a ``result.json`` in any earlier
+Harbor job of this run folder is collected from it, never run again (the harness may have died
+between Harbor finishing a trial and recording it); the rest run in a Harbor job named by the
+hash of its config, so running the same rest again resumes that same Harbor job, and Harbor
+itself skips what finished and discards what did not.
+
+Options (keyword arguments, or ``MEDOMNI_HARBOR_<NAME>`` environment variables), so that where
+trials run is a setting of the run, not code:
+
+``environment``
+    ``docker`` (default): our `MedomniDockerEnvironment`, on the engine of ``docker_host``; the
+    only one that attaches the perception sidecar. ``harbor-docker``: Harbor's own (``docker
+    compose``). Any other Harbor environment type (``daytona``, ``modal``, ``e2b``,
+    ``runloop``...), or ``module:Class``. See the README for what holds where.
+``concurrency``   trials at once (default 2)
+``image``         the agent's image (default ``local/base:1``)
+``docker_host``   the engine (default ``$DOCKER_HOST``)
+``perception_image``  default: the tag `medomni_harbor.images` derives for this machine
+``keep_tasks``    keep the rendered task folders after the job
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import blake3
+
+import medomni_harbor  # noqa: F401 - makes Harbor offline before it is imported
+from medomni_cas.bench.records import EncoderServed, RunRecord, slot_id
+from medomni_cas.bench.replay import agent_ref, slot_ref
+from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
+from medomni_harbor import _docker, images
+from medomni_harbor.environment import PERCEPTION_DIR
+from medomni_harbor.render import ANSWER_ARTIFACT, render_task, task_name
+
+__all__ = ["HarborRunner", "trial_from_result"]
+
+OURS = "medomni_harbor.environment:MedomniDockerEnvironment"
+_LOG_LIMIT = 1 << 20
+#: Harbor's failure causes that are the infrastructure's, not the agent's
+_INFRA_CAUSES = ("sandbox_failed", "model_provider_failed", "harbor_failed", "cancelled")
+#: and exception types Harbor does not classify that are: ours, the docker SDK's, transport
+_INFRA_TYPES = frozenset(
+    {"ContainerFailure", "DockerException", "APIError", "ConnectionError", "ReadTimeout"}
+)
+_DONE = object()
+
+
+def _option(value: Any, name: str, default: Any) -> Any:
+    if value is not None:
+        return value
+    env = os.environ.get(f"MEDOMNI_HARBOR_{name.upper()}")
+    return env if env not in (None, "") else default
+
+
+class HarborRunner(Runner):
+    name: ClassVar[str] = "harbor"
+    description: ClassVar[str] = "Harbor trials in containers, closed network, perception sidecar"
+    isolated: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        environment: str | None = None,
+        concurrency: int | str | None = None,
+        image: str | None = None,
+        docker_host: str | None = None,
+        perception_image: str | None = None,
+        sidecar_cpus: float = 1.0,
+        sidecar_memory_mb: int = 1024,
+        environment_kwargs: dict[str, Any] | None = None,
+        keep_tasks: bool | str | None = None,
+    ) -> None:
+        self.environment = str(_option(environment, "environment", "docker"))
+        self.concurrency = int(_option(concurrency, "concurrency", 2))
+        self.image = str(_option(image, "image", images.AGENT_IMAGE))
+        self.docker_host = _option(docker_host, "docker_host", None)
+        self._perception_image = _option(perception_image, "perception_image", None)
+        self.sidecar_cpus = sidecar_cpus
+        self.sidecar_memory_mb = sidecar_memory_mb
+        self.environment_kwargs = dict(environment_kwargs or {})
+        keep = _option(keep_tasks, "keep_tasks", False)
+        self.keep_tasks = keep if isinstance(keep, bool) else str(keep).lower() in ("1", "true")
+        #: seconds spent on our side of each phase, for benchmarks_perf.harbor
+        self.timings: dict[str, float] = {"render": 0.0, "collect": 0.0, "harbor": 0.0}
+
+    # -- options ---------------------------------------------------------------------------
+    @property
+    def ours(self) -> bool:
+        return self.environment == "docker"
+
+    def perception_image(self) -> str:
+        if self._perception_image is None:
+            self._perception_image = images.perception_tag(self.docker_host, self.image)
+        return str(self._perception_image)
+
+    def _environment_config(self, job: Job) -> Any:
+        from harbor.models.trial.config import EnvironmentConfig
+
+        kwargs = dict(self.environment_kwargs)
+        if self.ours:
+            kwargs.setdefault("docker_host", _docker.docker_host(self.docker_host))
+            kwargs.setdefault("sidecar_cpus", self.sidecar_cpus)
+            kwargs.setdefault("sidecar_memory_mb", self.sidecar_memory_mb)
+            if job.encoders != "none":
+                kwargs.setdefault("perception_image", self.perception_image())
+            return EnvironmentConfig(import_path=OURS, kwargs=kwargs)
+        if ":" in self.environment:
+            return EnvironmentConfig(import_path=self.environment, kwargs=kwargs)
+        kind = "docker" if self.environment == "harbor-docker" else self.environment
+        return EnvironmentConfig(type=kind, kwargs=kwargs)
+
+    def _agent_config(self, job: Job) -> Any:
+        """The Harbor agent for the job's agent config (`RunnerError` if there is none)."""
+        from harbor.models.agent.name import AgentName
+        from harbor.models.trial.config import AgentConfig
+
+        a = job.agent
+        opts = dict(a.options)
+        if a.scaffold == "replay":
+            folder = job.folder / "harbor" / "replay"
+            return AgentConfig(
+                import_path="medomni_harbor.agents:ReplayAgent",
+                kwargs={"answers_dir": str(folder)},
+            )
+        if isinstance(opts.get("harbor_agent"), str) or a.scaffold in AgentName.values():
+            target = opts.get("harbor_agent", a.scaffold)
+            model = None if a.model in ("", "none") else a.model
+            kwargs = dict(opts.get("harbor_kwargs") or {})
+            if ":" in target:
+                return AgentConfig(import_path=target, model_name=model, kwargs=kwargs)
+            return AgentConfig(name=target, model_name=model, kwargs=kwargs)
+        cmd = opts.get("command")
+        if isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd):
+            return AgentConfig(
+                import_path="medomni_harbor.agents:CommandAgent", kwargs={"command": cmd}
+            )
+        raise RunnerError(
+            f"agent config {a.name}: the harbor runner needs settings.command (run on the host "
+            f"against the container), a Harbor agent as scaffold (such as terminus-2), "
+            f"settings.harbor_agent (module:Class), or scaffold replay; got {a.scaffold!r}"
+        )
+
+    # -- the runner interface --------------------------------------------------------------
+    def check(self, job: Job) -> list[str]:
+        problems: list[str] = []
+        try:
+            import harbor.job  # noqa: F401
+        except ImportError as e:
+            return [f"harbor is not importable: {e} (pip install 'harbor==0.25.*')"]
+        try:
+            agent = self._agent_config(job)
+        except RunnerError as e:
+            problems.append(str(e))
+            agent = None
+        if agent is not None:
+            from harbor.agents.factory import AgentFactory
+
+            try:  # Harbor's own preflight: options, model credentials (no request is sent)
+                AgentFactory.run_preflight(agent)
+            except (Exception, SystemExit) as e:
+                problems.append(f"agent config {job.agent.name}: Harbor's preflight: {e}")
+        if agent is not None and agent.import_path and agent.import_path.endswith("CommandAgent"):
+            cmd = agent.kwargs["command"][0]
+            if cmd not in ("python", "python3") and shutil.which(cmd) is None:
+                problems.append(f"agent config {job.agent.name}: command {cmd!r} not found")
+        if job.agent.scaffold == "replay":
+            src = job.agent.options.get("source")
+            if not isinstance(src, str) or job.store.refs.get(agent_ref(src)) is None:
+                problems.append(
+                    f"agent config {job.agent.name}: replay source {src!r} has never run here"
+                )
+        if not self.ours:
+            try:
+                self._environment_config(job)
+            except ValueError as e:
+                problems.append(f"environment {self.environment!r}: {e}")
+        if job.encoders != "none":
+            from medomni_cas.bench.encoders import encoders
+
+            if not encoders():
+                problems.append("the perception service has no encoders to serve")
+            if not self.ours:
+                problems.append(
+                    f"arm {job.arm_label} attaches the perception service, which only the "
+                    f"docker environment runs (environment is {self.environment!r}); run "
+                    "--arm no-perception there"
+                )
+        if self.ours:
+            problems += self._check_engine(job)
+        return problems
+
+    def _check_engine(self, job: Job) -> list[str]:
+        import docker
+
+        host = _docker.docker_host(self.docker_host)
+        try:
+            c = _docker.client(self.docker_host)
+            c.ping()
+        except Exception as e:
+            return [f"no Docker engine answers at {host}: {e}"]
+        problems = []
+        try:
+            c.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            return [
+                f"the agent image {self.image} is not on the engine at {host} "
+                "(`bash .ci/docker-engine image` imports local/base:1)"
+            ]
+        if job.encoders != "none":
+            tag = self.perception_image()
+            try:
+                images.sidecar_runtime(c.images.get(tag))
+            except docker.errors.ImageNotFound:
+                problems.append(
+                    f"the perception image {tag} is not on the engine at {host}: build it "
+                    "with `python -m medomni_harbor images` (no registry needed)"
+                )
+            except ValueError as e:
+                problems.append(str(e))
+        return problems
+
+    def prepare(self, job: Job) -> None:
+        t0 = time.perf_counter()
+        root = job.folder / "harbor"
+        tasks = root / "tasks"
+        tasks.mkdir(parents=True, exist_ok=True)
+        for spec in job.trials:
+            render_task(job, spec, tasks, image=self.image)
+        if job.agent.scaffold == "replay":
+            self._write_replays(job, root / "replay")
+        if self.ours:
+            _docker.remove_stale(self.docker_host)  # what a killed run left running
+        self.timings["render"] += time.perf_counter() - t0
+
+    def _write_replays(self, job: Job, folder: Path) -> None:
+        """Each slot's answer to replay: the source config's final run of the same atom, arm
+        (and rung) and repetition, else repetition 1 (as the replay runner picks it)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        source = job.store.refs.get(agent_ref(str(job.agent.options.get("source"))))
+        if source is None:
+            return
+        for spec in job.trials:
+            for rep in dict.fromkeys((job.repetition, 1)):
+                sid = slot_id(spec.atom_id, source, job.arm_label, rep)
+                ref = job.store.refs.get(slot_ref(sid))
+                if ref is None:
+                    continue
+                run = job.store.get(ref, RunRecord)
+                if run.answer is not None:
+                    (folder / f"{task_name(spec)}.json").write_bytes(
+                        job.store.read_blob(run.answer)
+                    )
+                    (folder / f"{task_name(spec)}.run").write_text(run.run_id + "\n")
+                break
+
+    def run(self, job: Job) -> Iterator[Trial]:
+        root = job.folder / "harbor"
+        specs = {task_name(s): s for s in job.trials}
+        try:
+            # 1. what Harbor finished before (a result.json) and the harness did not record
+            for name, trial_dir in _finished(root / "jobs", set(specs)):
+                spec = specs.pop(name)
+                yield self._collect(job, spec, trial_dir)
+            if not specs:
+                return
+            # 2. the rest, as one Harbor job
+            yield from self._run_harbor(job, root, specs)
+        finally:
+            if not self.keep_tasks:
+                shutil.rmtree(root / "tasks", ignore_errors=True)
+
+    def _job_config(self, job: Job, root: Path, names: list[str]) -> Any:
+        from harbor.models.job.config import JobConfig, RetryConfig
+        from harbor.models.trial.config import TaskConfig
+
+        config = JobConfig(
+            job_name="pending",
+            jobs_dir=root / "jobs",
+            n_attempts=1,
+            n_concurrent_trials=max(1, self.concurrency),
+            quiet=True,
+            retry=RetryConfig(max_retries=0),  # the harness retries infra errors by attempts
+            environment=self._environment_config(job),
+            agents=[self._agent_config(job)],
+            tasks=[TaskConfig(path=root / "tasks" / n) for n in sorted(names)],
+        )
+        ident = config.model_dump_json(exclude={"job_name", "jobs_dir"}).encode()
+        config.job_name = "h-" + blake3.blake3(ident).hexdigest()[:16]
+        return config
+
+    def _run_harbor(self, job: Job, root: Path, specs: dict[str, TrialSpec]) -> Iterator[Trial]:
+        config = self._job_config(job, root, list(specs))
+        results: queue.Queue[Any] = queue.Queue()
+        state: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=_harbor_thread, args=(config, results, state), name="harbor-job", daemon=True
+        )
+        t0 = time.perf_counter()
+        thread.start()
+        try:
+            while True:
+                item = results.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    state["error"] = item
+                    continue
+                spec = specs.pop(item.task_name, None)
+                if spec is None:
+                    continue
+                yield self._collect(job, spec, config.jobs_dir / config.job_name / item.trial_name)
+        finally:
+            if thread.is_alive():  # we are stopped early: cancel Harbor's trials, let it clean up
+                loop, task = state.get("loop"), state.get("task")
+                if loop is not None and task is not None:
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(task.cancel)
+                thread.join(timeout=120)
+            self.timings["harbor"] += time.perf_counter() - t0
+        # Harbor stopped without a result for these (it failed as a whole): the
+        # infrastructure's failure, so the harness runs them again on resume
+        error = state.get("error")
+        for spec in specs.values():
+            now = _iso(datetime.now(UTC))
+            yield Trial(
+                slot=spec.slot,
+                attempt=spec.attempt,
+                outcome="infra-error",
+                started=now,
+                finished=now,
+                elapsed_ms=0,
+                errors=[
+                    f"harbor: {type(error).__name__}: {error}" if error else "harbor: no result"
+                ],
+            )
+
+    def _collect(self, job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
+        t0 = time.perf_counter()
+        try:
+            return trial_from_result(job, spec, trial_dir)
+        finally:
+            self.timings["collect"] += time.perf_counter() - t0
+
+
+def _quiet_harbor() -> None:
+    """Harbor draws a progress bar on stdout (with the mean reward, which here is the format
+    check's pass rate and easy to misread as a score); stdout may carry ``--json`` output and
+    the harness reports progress itself, so Harbor's bar is drawn on nothing."""
+    import io
+
+    import harbor.job as harbor_job
+    from rich.console import Console
+    from rich.progress import Progress
+
+    if getattr(harbor_job, "_medomni_quiet", False):
+        return
+
+    class _Unseen(Progress):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("console", Console(file=io.StringIO()))
+            super().__init__(*args, **kwargs)
+
+    harbor_job.Progress = _Unseen  # type: ignore[attr-defined]
+    harbor_job._medomni_quiet = True  # type: ignore[attr-defined]
+
+
+def _harbor_thread(config: Any, results: queue.Queue[Any], state: dict[str, Any]) -> None:
+    """Run one Harbor job to its end in this thread's own event loop."""
+    from harbor.job import Job as HarborJob
+
+    _quiet_harbor()
+
+    async def main() -> None:
+        state["loop"] = asyncio.get_running_loop()
+        state["task"] = asyncio.current_task()
+        hjob = await HarborJob.create(config)
+
+        async def ended(event: Any) -> None:
+            results.put(event.result)
+
+        hjob.on_trial_ended(ended)
+        await hjob.run()
+
+    try:
+        asyncio.run(main())
+    except BaseException as e:  # reported for the slots that got no result
+        results.put(e)
+    finally:
+        results.put(_DONE)
+
+
+def _finished(jobs: Path, wanted: set[str]) -> Iterator[tuple[str, Path]]:
+    """(task name, trial folder) of trials with a complete ``result.json`` for a wanted task,
+    in any Harbor job under ``jobs``; the latest one per task."""
+    from harbor.models.trial.result import TrialResult
+
+    if not jobs.is_dir():
+        return
+    best: dict[str, tuple[datetime, Path]] = {}
+    for result_path in jobs.glob("*/*/result.json"):
+        try:
+            result = TrialResult.model_validate_json(result_path.read_text())
+        except Exception:
+            continue  # half-written by a killed run: Harbor discards that trial on resume
+        if result.task_name not in wanted or result.finished_at is None:
+            continue
+        seen = best.get(result.task_name)
+        if seen is None or result.finished_at > seen[0]:
+            best[result.task_name] = (result.finished_at, result_path.parent)
+    for name, (_, folder) in sorted(best.items()):
+        yield name, folder
+
+
+# -- a TrialResult as a Trial ------------------------------------------------------------------
+def _iso(t: datetime | None) -> str:
+    if t is None:
+        return ""
+    return t.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+def _outcome(result: Any, answered: bool) -> tuple[str, list[str]]:
+    """The runner's outcome from Harbor's exception info and timing (the README's table).
+
+    Harbor records an exception when it reaches the trial, after the agent phase's timing is
+    closed, so the phase is told by what ran next: an exception out of the agent phase stops
+    the trial before the verifier starts; a non-zero exit (and a timeout) is recorded by Harbor
+    itself, which then goes on to collect and verify.
+    """
+    exc = result.exception_info
+    errors = []
+    if exc is not None:
+        first = (exc.exception_message or "").strip().splitlines()
+        errors.append(f"{exc.exception_type}: {first[0] if first else ''}".rstrip(": "))
+        kind, cause = exc.exception_type, exc.policy.cause.value
+        infra = cause in _INFRA_CAUSES or kind in _INFRA_TYPES
+        if kind == "AgentTimeoutError":
+            return "timeout", errors
+        if result.agent_execution is None:
+            return "infra-error", errors  # the environment or the agent's setup failed
+        in_agent = result.verifier is None or kind == "NonZeroAgentExitCodeError"
+        if in_agent or not answered:
+            return ("infra-error" if infra else "agent-failed"), errors
+        # after the agent (collecting, verifying, teardown), its answer collected: it stands
+    if not answered:
+        errors.append("no answer at the submission path")
+        return "agent-failed", errors
+    return "answered", errors
+
+
+def _logs(trial_dir: Path) -> dict[str, bytes]:
+    """The trial's log files, flattened (``agent/stdout.txt`` -> ``agent.stdout.txt``):
+    Harbor's result, its trial log and exception, the agent's and verifier's files, the
+    sidecar's log. Harbor's config.json/lock.json repeat what result.json holds; the answer
+    and the encoder calls are recorded on their own."""
+    out: dict[str, bytes] = {}
+    for name in ("result.json", "trial.log", "exception.txt"):
+        p = trial_dir / name
+        if p.is_file():
+            out[name] = p.read_bytes()[-_LOG_LIMIT:]
+    for sub in ("agent", "verifier"):
+        folder = trial_dir / sub
+        if folder.is_dir():
+            for p in sorted(folder.rglob("*")):
+                if p.is_file() and not p.is_symlink():
+                    rel = p.relative_to(folder).as_posix().replace("/", ".")
+                    out[f"{sub}.{rel}"] = p.read_bytes()[-_LOG_LIMIT:]
+    side = trial_dir / PERCEPTION_DIR / "sidecar.log"
+    if side.is_file():
+        out["perception.sidecar.log"] = side.read_bytes()[-_LOG_LIMIT:]
+    return out
+
+
+def trial_from_result(job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
+    """One Harbor trial folder (its ``result.json`` and files) as the harness's `Trial`."""
+    from harbor.models.trial.result import TrialResult
+
+    from medomni_cas.bench.perception import read_call_log
+
+    result = TrialResult.model_validate_json((trial_dir / "result.json").read_text())
+    answer_path = trial_dir / "artifacts" / ANSWER_ARTIFACT
+    answer = answer_path.read_bytes() if answer_path.is_file() else None
+    outcome, errors = _outcome(result, answer is not None)
+    ctx = result.agent_result
+    meta = (ctx.metadata if ctx is not None else None) or {}
+    errors += [str(e) for e in meta.get("errors", [])]
+    served = meta.get("served_model")
+    if served is None and result.agent_info.model_info is not None:
+        mi = result.agent_info.model_info
+        served = f"{mi.provider}/{mi.name}" if mi.provider else mi.name
+    started, finished = result.started_at, result.finished_at
+    elapsed = int((finished - started).total_seconds() * 1000) if started and finished else 0
+    trial = Trial(
+        slot=spec.slot,
+        attempt=spec.attempt,
+        outcome=outcome,
+        started=_iso(started),
+        finished=_iso(finished),
+        elapsed_ms=elapsed,
+        answer=answer,  # kept whatever the outcome; the harness checks answered runs
+        served_model=str(served) if served is not None else job.agent.served_model,
+        tokens_in=ctx.n_input_tokens if ctx is not None else None,
+        tokens_out=ctx.n_output_tokens if ctx is not None else None,
+        cost_usd=ctx.cost_usd if ctx is not None else None,
+        errors=errors,
+        logs=_logs(trial_dir),
+        files_opened=[str(f) for f in meta.get("files_opened", [])],
+    )
+    perception = trial_dir / PERCEPTION_DIR
+    calls = perception / "calls.jsonl"
+    if calls.is_file() and calls.stat().st_size:
+        import msgspec
+
+        trial.encoder_calls = [msgspec.to_builtins(c) for c in read_call_log(calls)]
+    listing = perception / "encoders.json"
+    if listing.is_file():
+        served_doc = json.loads(listing.read_text())
+        image = served_doc.get("image", "")
+        trial.encoders_served = [
+            EncoderServed(
+                name=e["name"],
+                version=e["version"],
+                digest=f"{e['digest']}@{image}" if image else e["digest"],
+            )
+            for e in served_doc.get("encoders", [])
+        ]
+    return trial
