@@ -473,3 +473,33 @@ def test_format_check_refuses_bad_probabilities() -> None:
     assert any("'c' is not one of" in p for p in bad) and any("z: not a class" in p for p in bad)
     assert check.problems({"y": "a", "z": 1.0, "_scores": {"y": {"a": 1.5}}})
     assert check.problems({"y": "a", "z": 1.0, "_scores": []})
+
+
+def test_cli_run_and_score_with_runner_options(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from medomni_cas.cli.main import main
+
+    url = f"lmdb://{tmp_path / 'cli-store'}"
+    folders = ["--studio", str(tree / "studio"), "--bench", str(tree / "bench")]
+    assert main(["studio", "taskset", "build", SET, "--store", url, *folders]) == 0
+    run = [
+        "bench",
+        "run",
+        SET,
+        "--agent",
+        "baseline",
+        "--arm",
+        "no-perception",
+        "--store",
+        url,
+        *folders,
+        "--runs",
+        str(tmp_path / "runs"),
+    ]
+    assert main([*run, "--runner-option", "keep"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main([*run, "--runner-option", "keep=no", "--json"]) == 0
+    assert '"ran":40' in capsys.readouterr().out.replace(" ", "")
+    assert main(["bench", "score", SET, "--store", url, "--out", str(tmp_path / "res")]) == 0
+    assert (tmp_path / "res/results.parquet").is_file()

@@ -87,9 +87,12 @@ class ProcessRunner(Runner):
     description: ClassVar[str] = "an agent command as a subprocess (no isolation)"
     isolated: ClassVar[bool] = False
 
-    def __init__(self, *, scratch: str | os.PathLike[str] | None = None, keep: bool = False):
+    def __init__(
+        self, *, scratch: str | os.PathLike[str] | None = None, keep: bool | str = False
+    ) -> None:
         self.scratch = Path(scratch) if scratch is not None else None
-        self.keep = keep
+        # options may come as text from the command line (--runner-option keep=1)
+        self.keep = keep if isinstance(keep, bool) else keep.lower() in ("1", "true", "yes")
 
     def check(self, job: Job) -> list[str]:
         try:

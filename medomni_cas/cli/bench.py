@@ -13,7 +13,7 @@ import medomni_cas as mc
 from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import CheckFailed, run_set
 from medomni_cas.bench.runfolders import import_run_folder
-from medomni_cas.bench.runners import runner_names
+from medomni_cas.bench.runners import get_runner, runner_names
 from medomni_cas.bench.scorer import jobs_of, score_jobs, write_results
 from medomni_cas.cli._output import (
     EXIT_OK,
@@ -48,6 +48,15 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
+def _option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise ValueError(
+            f"--runner-option wants KEY=VALUE, such as environment=docker; got {text!r}"
+        )
+    return key, value
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Check the set, then run every slot that has no run yet (resuming is running again)."""
     ws = _ws()
@@ -55,6 +64,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     studio = Path(args.studio) if args.studio else ws.studio
     runs = Path(args.runs) if args.runs else ws.runs
     agent = find_agent(bench, args.agent)
+    options = dict(_option(o) for o in args.runner_option or ())
+    runner = get_runner(args.runner, **options) if options else args.runner
     with _open(args) as store, bar(args, None, "run", args.name) as b:
         last: dict[str, int] = {}
 
@@ -73,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 agent,
                 runs_dir=runs,
                 studio=studio,
-                runner=args.runner,
+                runner=runner,
                 arms=args.arm or None,
                 reps=args.reps,
                 accept_conditions=args.accept_conditions,
@@ -166,6 +177,12 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default="process",
         choices=runner_names(),
         help="how agents run (default: process)",
+    )
+    r.add_argument(
+        "--runner-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a setting of the runner, such as environment=daytona for harbor (repeatable)",
     )
     r.add_argument(
         "--accept-conditions",
