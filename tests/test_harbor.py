@@ -369,6 +369,18 @@ def test_null_agent_fails_the_format_check_and_nop_answers_nothing(
     assert all(
         json.loads(_log(store, r, "result.json"))["agent_info"]["name"] == "nop" for r in nothing
     )
+    # Harbor's oracle, handed the answers from outside the task: right every time
+    oracle = {**nop, "agent": "oracle"}
+    oracle["settings"] = {"scaffold": "oracle", "served_model": "none"}
+    (tree / "bench/agents/oracle.yaml").write_text(yaml.safe_dump(oracle))
+    _run(
+        store, tree, tmp_path, engine, "oracle", arms=[NOP], shard=_shard(store, tree, "oracle", 3)
+    )
+    right = _runs(store, "oracle")
+    assert right and {r.outcome for r in right} == {"answered"}, [r.errors for r in right]
+    for r in right:
+        result = json.loads(_log(store, r, "result.json"))
+        assert result["verifier_result"]["rewards"] == {"format_ok": 1}
 
 
 def test_the_agent_container_has_only_loopback_and_reaches_only_perception(

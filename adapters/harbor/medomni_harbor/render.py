@@ -10,7 +10,9 @@
 
 The folder's name is the run slot and attempt, so a Harbor trial (``<first 32 characters of
 the task name>__<random>``, its ``task_name`` in ``result.json``) maps back to exactly one
-slot. No answer is ever written here, and there is no ``solution/``.
+slot. No answer is ever written here, and there is no ``solution/`` — except for Harbor's
+``oracle`` agent, the stand-in that is handed the answers from outside the task: its own task
+folders get ``solution/solve.sh`` writing the answer key's values (see `render_task`).
 """
 
 from __future__ import annotations
@@ -126,9 +128,29 @@ def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool) -> str:
     return toml.dumps(doc)
 
 
-def render_task(job: Job, spec: TrialSpec, root: Path, *, image: str) -> Path:
+def solve_script(submission: str, answer: dict[str, object]) -> str:
+    """The oracle's solution: write ``answer`` (the answer key's values) as the answer."""
+    import msgspec
+
+    body = msgspec.json.encode(answer).decode().replace("'", "'\\''")
+    return f"""#!/bin/bash
+# The oracle stand-in: the answers, handed in from outside the task, written as the answer.
+mkdir -p "$(dirname '{submission}')"
+printf '%s' '{body}' > '{submission}'
+"""
+
+
+def render_task(
+    job: Job,
+    spec: TrialSpec,
+    root: Path,
+    *,
+    image: str,
+    oracle_answer: dict[str, object] | None = None,
+) -> Path:
     """Write the task folder of ``spec`` under ``root`` (replacing one left by an earlier
-    run: rendering is deterministic); its path."""
+    run: rendering is deterministic); its path. ``oracle_answer`` is only ever given for
+    Harbor's oracle agent, whose task folders alone hold ``solution/``."""
     from harbor.models.task.config import TaskConfig
 
     name = task_name(spec)
@@ -149,6 +171,13 @@ def render_task(job: Job, spec: TrialSpec, root: Path, *, image: str) -> Path:
         )
         (tests / "test.sh").write_text(script)
         (tests / "test.sh").chmod(0o755)
+        if oracle_answer is not None:
+            solution = tmp / "solution"
+            solution.mkdir()
+            (solution / "solve.sh").write_text(
+                solve_script(spec.atom.submission_path, oracle_answer)
+            )
+            (solution / "solve.sh").chmod(0o755)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
     except BaseException:

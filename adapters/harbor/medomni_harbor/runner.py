@@ -248,8 +248,9 @@ class HarborRunner(Runner):
         root = job.folder / "harbor"
         tasks = root / "tasks"
         tasks.mkdir(parents=True, exist_ok=True)
+        answers = _oracle_answers(job) if job.agent.scaffold == "oracle" else {}
         for spec in job.trials:
-            render_task(job, spec, tasks, image=self.image)
+            render_task(job, spec, tasks, image=self.image, oracle_answer=answers.get(spec.atom_id))
         if job.agent.scaffold == "replay":
             self._write_replays(job, root / "replay")
         if self.ours:
@@ -548,3 +549,30 @@ def trial_from_result(job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
             for e in served_doc.get("encoders", [])
         ]
     return trial
+
+
+def _oracle_answers(job: Job) -> dict[Any, dict[str, object]]:
+    """Each trial's answer from the answer keys of the set builds holding its atom: what
+    Harbor's oracle agent is handed from outside the task (and no other agent ever is)."""
+    from medomni_cas.studio.records import AnswerKey, BuildResult, SetBuild
+
+    store = job.store
+    wanted = {spec.atom_id: spec for spec in job.trials}
+    out: dict[Any, dict[str, object]] = {}
+    for _, sb_id in store.refs.items("studio/sets/"):
+        for e in store.get(sb_id, SetBuild).entries:
+            if e.arm != job.arm or e.arm_variant != job.arm_variant:
+                continue
+            result = store.get(e.result, BuildResult)
+            hits = [a for a in result.atoms if a in wanted and a not in out]
+            if not hits:
+                continue
+            key = store.get(result.answer_key, AnswerKey)
+            for aid in hits:
+                spec = wanted[aid]
+                truth = key.values.get(spec.atom.patient, {})
+                out[aid] = {t.name: truth.get(t.name) for t in spec.format_check.targets}
+    missing = [a for a in wanted if a not in out]
+    if missing:
+        raise RunnerError(f"oracle: no answer key holds atom {missing[0]}")
+    return out
