@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from medomni_cas.store.url import WORKSPACE_FILE, default_store_url
+from medomni_cas.store.url import WORKSPACE_FILE, read_workspace, workspace_store_url
 
 __all__ = ["Workspace", "load_workspace"]
 
@@ -34,35 +32,31 @@ class Workspace:
     runs: Path
 
 
-def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of settings")
+def _read(root: Path) -> tuple[Path, dict[str, Any]]:
+    found = read_workspace(root)
+    if found is None:
+        return root / WORKSPACE_FILE, {}
+    path, data = found
     unknown = sorted(set(data) - set(_KEYS))
     if unknown:
         raise ValueError(f"{path}: unknown setting {unknown[0]!r} (known: {', '.join(_KEYS)})")
     for key in ("studio", "bench", "runs"):
         if key in data and not isinstance(data[key], str):
             raise ValueError(f"{path}: field {key!r} must be a folder path")
-    return data
+    return path, data
 
 
 def load_workspace(start: str | Path = ".") -> Workspace:
     """The workspace in ``start`` (its ``workspace.yaml`` if there is one)."""
     root = Path(start).resolve()
-    data = _read(root / WORKSPACE_FILE)
+    path, data = _read(root)
 
     def folder(key: str) -> Path:
         return (root / data.get(key, key)).resolve()
 
     return Workspace(
         root=root,
-        store_url=default_store_url(root),
+        store_url=workspace_store_url(path, data),
         studio=folder("studio"),
         bench=folder("bench"),
         runs=folder("runs"),

@@ -172,3 +172,17 @@ def test_plugins_lists_arms_benchmarks_and_groups(
     assert {b["name"] for b in found["store backends"]} >= {"lmdb", "memory", "file"}
     code, out, _ = run(capsys, "plugins")
     assert code == 0 and "checklist" in out and "runners:" in out
+
+
+def test_a_broken_workspace_file_is_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "workspace.yaml").write_text("store: [unclosed\n")
+    monkeypatch.chdir(tmp_path)
+    for argv in (["cas", "refs"], ["studio", "taskset", "show", "medomni-bench/v1"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "workspace.yaml: not valid YAML" in err
+    (tmp_path / "workspace.yaml").write_text("stroe: lmdb://x\n")
+    code, _, err = run(capsys, "studio", "taskset", "show", "medomni-bench/v1")
+    assert code == 2 and "unknown setting 'stroe'" in err
+    assert not (tmp_path / ".medomni").exists()

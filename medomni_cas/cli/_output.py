@@ -19,6 +19,7 @@ import msgspec
 
 from medomni_cas.errors import AmbiguousId, IntegrityError, MedomniError
 from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -30,6 +31,7 @@ __all__ = [
     "emit",
     "emit_json",
     "isotime",
+    "open_store",
     "run",
     "to_builtins",
 ]
@@ -85,6 +87,19 @@ def add_command(
     p = subparsers.add_parser(name, help=help, description=help, parents=[_COMMON])
     p.set_defaults(handler=handler)
     return p
+
+
+def open_store(args: argparse.Namespace, *, create: bool = False) -> Store:
+    """The store ``--store`` names, else the workspace's (its file checked). Only verbs that
+    write pass ``create``: a mistyped --store must not make an empty store."""
+    from medomni_cas.store.url import open_store as open_url
+    from medomni_cas.workspace import load_workspace
+
+    return open_url(
+        getattr(args, "store", None) or load_workspace(".").store_url,
+        single_writer=getattr(args, "single_writer", False),
+        create=create,
+    )
 
 
 def json_mode(args: argparse.Namespace) -> bool:

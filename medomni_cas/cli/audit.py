@@ -18,7 +18,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import medomni_cas as mc
 from medomni_cas.audit import diff_results, provenance, to_prov_json, verify_result
 from medomni_cas.audit.diff import render_text as diff_text
 from medomni_cas.audit.provenance import render_text as provenance_text
@@ -29,26 +28,17 @@ from medomni_cas.cli._output import (
     common_options,
     emit,
     encode_json,
+    open_store,
     to_builtins,
 )
 from medomni_cas.cli._progress import bar
-from medomni_cas.store.url import default_store_url
 
 __all__ = ["register"]
 
 
-def _open(args: argparse.Namespace) -> mc.Store:
-    # an audit only reads: never create a store for a mistyped --store
-    return mc.open(
-        getattr(args, "store", None) or default_store_url(),
-        single_writer=getattr(args, "single_writer", False),
-        create=False,
-    )
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     """The provenance tree of a result (a summary; ``--runs`` lists every run)."""
-    with _open(args) as store:
+    with open_store(args) as store:
         p = provenance(store, args.result, runs=args.runs)
     emit(args, to_builtins(p), provenance_text(p))
     return EXIT_OK
@@ -56,7 +46,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Re-hash the result's closure; exit 1 when any object is missing or corrupt."""
-    with _open(args) as store, bar(args, None, "obj", "verify") as b:
+    with open_store(args) as store, bar(args, None, "obj", "verify") as b:
         done = 0
 
         def tick(n: int) -> None:
@@ -80,7 +70,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """Which inputs of two results differ (exit 0 either way)."""
-    with _open(args) as store:
+    with open_store(args) as store:
         a, b = store.resolve(args.a), store.resolve(args.b)
         diffs = diff_results(store, a, b, limit=None if args.all else args.limit)
     data = {"a": a.hex(), "b": b.hex(), "differences": to_builtins(diffs)}
@@ -91,7 +81,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """The result's provenance as W3C PROV-JSON, on stdout or in a file."""
-    with _open(args) as store:
+    with open_store(args) as store:
         doc = to_prov_json(store, args.result, max_items=args.max_items)
     text = encode_json(doc, indent=2) + "\n"
     if args.output is None or args.output == "-":

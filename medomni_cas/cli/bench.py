@@ -9,7 +9,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import medomni_cas as mc
 from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import CheckFailed, run_set
 from medomni_cas.bench.runfolders import import_run_folder
@@ -22,6 +21,7 @@ from medomni_cas.cli._output import (
     common_options,
     emit,
     json_mode,
+    open_store,
     to_builtins,
 )
 from medomni_cas.cli._progress import bar
@@ -34,14 +34,6 @@ __all__ = ["register"]
 
 def _ws() -> Workspace:
     return load_workspace(".")
-
-
-def _open(args: argparse.Namespace, *, create: bool = False) -> mc.Store:
-    return mc.open(
-        getattr(args, "store", None) or _ws().store_url,
-        single_writer=getattr(args, "single_writer", False),
-        create=create,
-    )
 
 
 def _fmt(v: float | None) -> str:
@@ -66,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     agent = find_agent(bench, args.agent)
     options = dict(_option(o) for o in args.runner_option or ())
     runner = get_runner(args.runner, **options) if options else args.runner
-    with _open(args) as store, bar(args, None, "run", args.name) as b:
+    with open_store(args) as store, bar(args, None, "run", args.name) as b:
         last: dict[str, int] = {}
 
         def progress(job: str, done: int, total: int) -> None:
@@ -123,7 +115,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     """Score the set's recorded runs; write results.json and results.parquet."""
     ws = _ws()
     out = Path(args.out) if args.out else ws.root / "results" / args.name.replace("/", ".")
-    with _open(args) as store:
+    with open_store(args) as store:
         view = show_set(store, args.name)
         jobs = jobs_of(store, view.task_set, args.agent or None)
         scored = score_jobs(store, jobs, n_boot=args.n_boot, seed=args.seed, set_name=args.name)
@@ -149,7 +141,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Read a run folder's records into the store (each re-hashed against its id)."""
-    with _open(args, create=True) as store:
+    with open_store(args, create=True) as store:
         jid = import_run_folder(store, args.folder)
     emit(args, to_builtins({"job": jid}), f"imported job {jid.hex()}")
     return EXIT_OK

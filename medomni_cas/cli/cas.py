@@ -32,6 +32,7 @@ from medomni_cas.cli._output import (
     encode_json,
     isotime,
     json_mode,
+    open_store,
     to_builtins,
 )
 from medomni_cas.errors import ConflictError, InvalidName, NotFound
@@ -52,15 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 _PIECE = 1 << 20  # cat streams blobs in pieces of this size: bounded memory for any blob
-
-
-def _open(args: argparse.Namespace, *, create: bool = False) -> mc.Store:
-    # only verbs that write create a store: a mistyped --store must not make an empty one
-    return mc.open(
-        getattr(args, "store", None) or default_store_url(),
-        single_writer=getattr(args, "single_writer", False),
-        create=create,
-    )
 
 
 def _hex(oid: ObjectId | str | None) -> str:
@@ -103,7 +95,7 @@ def cmd_put(args: argparse.Namespace) -> int:
     source: str = args.path
     if args.ref:
         check_ref_name(args.ref)  # before storing anything: a bad name is an input error
-    with _open(args, create=True) as store:
+    with open_store(args, create=True) as store:
         if source == "-":
             oid, kind = store.put_blob(sys.stdin.buffer), "blob"
         elif Path(source).is_dir():
@@ -123,7 +115,7 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 def cmd_cat(args: argparse.Namespace) -> int:
     """Write a blob's bytes to stdout (``--json`` does not apply: the bytes are the output)."""
-    with _open(args) as store:
+    with open_store(args) as store:
         reader = store.open_blob(store.resolve(args.id))
         sys.stdout.flush()
         out = sys.stdout.buffer
@@ -150,7 +142,7 @@ def describe(oid: ObjectId, data: bytes) -> dict[str, Any]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Print an object decoded, as JSON (indented unless --json)."""
-    with _open(args) as store:
+    with open_store(args) as store:
         oid = store.resolve(args.id)
         shown = describe(oid, store.get_raw(oid))
     sys.stdout.write(encode_json(shown, indent=0 if json_mode(args) else 2) + "\n")
@@ -161,7 +153,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     """List a tree: kind, size, id and name of each entry."""
     from medomni_cas.store.trees import ls_tree
 
-    with _open(args) as store:
+    with open_store(args) as store:
         rows = ls_tree(store, store.resolve(args.id))
     data = [{"name": n, "id": i, "kind": k, "size": s} for n, i, k, s in rows]
     width = max((len(k) for _, _, k, _ in rows), default=4)
@@ -172,7 +164,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_refs(args: argparse.Namespace) -> int:
     """List refs (under PREFIX): name -> id."""
-    with _open(args) as store:
+    with open_store(args) as store:
         refs = dict(store.refs.items(args.prefix))
     emit(args, refs, [f"{oid.hex()} {name}" for name, oid in refs.items()])
     return EXIT_OK
@@ -180,7 +172,7 @@ def cmd_refs(args: argparse.Namespace) -> int:
 
 def cmd_ref_set(args: argparse.Namespace) -> int:
     """Point a ref at an object: compare-and-swap with --expect, create-only with --create."""
-    with _open(args) as store:
+    with open_store(args) as store:
         new = store.resolve(args.id)
         if args.create:
             expected: ObjectId | None = None
@@ -195,7 +187,7 @@ def cmd_ref_set(args: argparse.Namespace) -> int:
 
 def cmd_ref_delete(args: argparse.Namespace) -> int:
     """Delete a ref (its history is kept)."""
-    with _open(args) as store:
+    with open_store(args) as store:
         old = store.refs[args.name] if args.expect is None else store.resolve(args.expect)
         store.refs.delete(args.name, expected=old, message=args.message)
     emit(args, {"name": args.name, "old": old}, f"deleted {args.name} (was {old.hex()})")
@@ -204,7 +196,7 @@ def cmd_ref_delete(args: argparse.Namespace) -> int:
 
 def cmd_log(args: argparse.Namespace) -> int:
     """A ref's history, oldest first: time, old id, new id, message."""
-    with _open(args) as store:
+    with open_store(args) as store:
         entries = store.refs.history(args.name)
     if not entries:
         raise NotFound("ref", args.name)
@@ -229,7 +221,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     """Verify every object and ref; exit 1 when anything is wrong."""
     from medomni_cas.store.verify import fsck
 
-    with _open(args) as store:
+    with open_store(args) as store:
         report = fsck(store)
     if json_mode(args):
         emit_json(to_builtins(report))
@@ -246,7 +238,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     """Delete objects no ref reaches and older than the grace period."""
     from medomni_cas.store.gc import gc
 
-    with _open(args) as store:
+    with open_store(args) as store:
         report = gc(
             store,
             grace=args.grace,
@@ -265,7 +257,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_repack(args: argparse.Namespace) -> int:
     """Merge a remote store's small packs into large ones (fewer indexes for readers)."""
-    with _open(args) as store:
+    with open_store(args) as store:
         backend = getattr(store.backend, "remote", store.backend)  # a cached store's remote
         repack = getattr(backend, "repack", None)
         merged = repack() if repack is not None else 0
@@ -277,7 +269,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Write the objects reachable from ROOTs (and named refs) to a bundle file."""
     from medomni_cas.store.bundle import export_bundle
 
-    with _open(args) as store:
+    with open_store(args) as store:
         roots: dict[ObjectId, None] = {}  # ordered and without repeats
         refs: dict[str, ObjectId] = {}
         for spec in args.roots:
@@ -310,7 +302,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise FileNotFoundError(2, "no such bundle file", str(path))
     from medomni_cas.store.bundle import import_bundle
 
-    with _open(args, create=True) as store:
+    with open_store(args, create=True) as store:
         report = import_bundle(store, path, refs=args.refs)
     names = ", ".join(report.refs_updated) or "none"
     text = f"{report.objects} objects ({report.new} new); refs updated: {names}"
@@ -320,7 +312,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_resolve(args: argparse.Namespace) -> int:
     """Print the full id of a prefix or ref name (an ambiguous prefix lists candidates)."""
-    with _open(args) as store:
+    with open_store(args) as store:
         oid = store.resolve(args.spec)
     emit(args, {"id": oid}, oid.hex())
     return EXIT_OK
@@ -402,7 +394,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     url = remote_url(args.remote)
     single = getattr(args, "single_writer", False)
-    with _open(args) as local, mc.open(url, single_writer=single) as remote:
+    with open_store(args) as local, mc.open(url, single_writer=single) as remote:
         return _sync(
             args,
             f"push to {remote.url}",
@@ -416,7 +408,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from medomni_cas.store.sync import pull
 
     url = remote_url(args.remote)
-    with _open(args, create=True) as local, mc.open(url, create=False) as remote:
+    with open_store(args, create=True) as local, mc.open(url, create=False) as remote:
         return _sync(
             args,
             f"pull from {remote.url}",

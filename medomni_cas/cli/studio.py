@@ -7,13 +7,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import medomni_cas as mc
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
     add_command,
     common_options,
     emit,
+    open_store,
     to_builtins,
 )
 from medomni_cas.cli._progress import bar
@@ -38,14 +38,6 @@ def _studio(args: argparse.Namespace) -> Path:
 
 def _bench(args: argparse.Namespace) -> Path:
     return Path(args.bench) if getattr(args, "bench", None) else _ws(args).bench
-
-
-def _open(args: argparse.Namespace, *, create: bool = False) -> mc.Store:
-    return mc.open(
-        getattr(args, "store", None) or _ws(args).store_url,
-        single_writer=getattr(args, "single_writer", False),
-        create=create,
-    )
 
 
 def _built_row(b: Built) -> dict[str, Any]:
@@ -85,7 +77,7 @@ def cmd_task_build(args: argparse.Namespace) -> int:
         raise ValueError(f"a pair is written <template>@<cohort>; got {args.pair!r}")
     studio = _studio(args)
     _check_pair(studio, template, cohort)  # before a store is created for nothing
-    with _open(args, create=True) as store, bar(args, None, "step", args.pair) as b:
+    with open_store(args, create=True) as store, bar(args, None, "step", args.pair) as b:
 
         def say(msg: str) -> None:
             b.set_postfix_str(msg[-60:])
@@ -113,7 +105,7 @@ def cmd_taskset_build(args: argparse.Namespace) -> int:
         have = ", ".join(folder.sets) or "none"
         raise TaskSetError(f"benchmark {b_name} has no set {s_name!r} (have: {have})")
     total = len(folder.sets[s_name].pairs)
-    with _open(args, create=True) as store, bar(args, total, "pair", args.name) as b:
+    with open_store(args, create=True) as store, bar(args, total, "pair", args.name) as b:
         built = build_set(
             store,
             args.name,
@@ -146,7 +138,7 @@ def cmd_taskset_build(args: argparse.Namespace) -> int:
 
 def cmd_taskset_show(args: argparse.Namespace) -> int:
     """The recorded set: its hash, pairs pinned at N, arms, builder and its latest build."""
-    with _open(args) as store:
+    with open_store(args) as store:
         view = show_set(store, args.name)
     rec = view.record
     data = {
@@ -188,7 +180,7 @@ def cmd_taskset_show(args: argparse.Namespace) -> int:
 
 def cmd_taskset_publish(args: argparse.Namespace) -> int:
     """Write the set's bundle: configs only (for credentialed data), or the whole build."""
-    with _open(args) as store:
+    with open_store(args) as store:
         info = publish(
             store,
             args.name,
@@ -209,7 +201,7 @@ def cmd_taskset_publish(args: argparse.Namespace) -> int:
 def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
     """Build a published set from your own data and compare ids pair by pair (exit 1 when
     any differs)."""
-    with _open(args, create=True) as store, bar(args, None, "step", "rebuild") as b:
+    with open_store(args, create=True) as store, bar(args, None, "step", "rebuild") as b:
         name, rows = rebuild(
             store,
             args.bundle,
@@ -236,7 +228,7 @@ def cmd_template_signoff(args: argparse.Namespace) -> int:
     if path is None:
         raise SpecError(studio / "datasets", None, "", f"no template {args.template!r}")
     folder = load_template(path)
-    with _open(args, create=True) as store:
+    with open_store(args, create=True) as store:
         rid = signoff(store, folder)
     versions = {n: str(c.version) for n, c in folder.cohorts.items()}
     emit(

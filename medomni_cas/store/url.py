@@ -38,8 +38,10 @@ __all__ = [
     "default_store_url",
     "open_backend",
     "open_store",
+    "read_workspace",
     "remote_url",
     "workspace_remotes",
+    "workspace_store_url",
 ]
 
 DEFAULT_STORE_URL = "lmdb://./.medomni/store"
@@ -71,11 +73,15 @@ def _backend_class(scheme: str) -> type[Backend]:
 
 
 # -- workspace.yaml --------------------------------------------------------------------------
-def _workspace(start: str | Path) -> tuple[Path, dict[str, Any]] | None:
+def read_workspace(start: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """``start/workspace.yaml`` and its settings, or None without one."""
     ws = Path(start) / WORKSPACE_FILE
     if not ws.is_file():
         return None
-    data = yaml.safe_load(ws.read_text()) or {}
+    try:
+        data = yaml.safe_load(ws.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{ws}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
         raise ValueError(f"{ws}: expected a mapping at the top level")
     return ws, data
@@ -91,24 +97,25 @@ def _relative_to(ws: Path, url: str) -> str:
     return url
 
 
+def workspace_store_url(ws: Path, data: dict[str, Any]) -> str:
+    """The ``store:`` of a read workspace file (local paths relative to it), else the default."""
+    url = data.get("store")
+    if url is None:
+        return DEFAULT_STORE_URL
+    if not isinstance(url, str):
+        raise ValueError(f"{ws}: field 'store' must be a URL string")
+    return _relative_to(ws, url) if url.startswith("lmdb://") else url
+
+
 def default_store_url(start: str | Path = ".") -> str:
     """The store of the workspace in ``start`` (its workspace.yaml), else the default."""
-    found = _workspace(start)
-    if found is not None:
-        ws, data = found
-        url = data.get("store")
-        if url is not None:
-            if not isinstance(url, str):
-                raise ValueError(f"{ws}: field 'store' must be a URL string")
-            if url.startswith("lmdb://"):
-                return _relative_to(ws, url)
-            return url
-    return DEFAULT_STORE_URL
+    found = read_workspace(start)
+    return DEFAULT_STORE_URL if found is None else workspace_store_url(*found)
 
 
 def workspace_remotes(start: str | Path = ".") -> dict[str, str]:
     """The ``remotes:`` of the workspace in ``start``: name -> URL (empty without one)."""
-    found = _workspace(start)
+    found = read_workspace(start)
     if found is None:
         return {}
     ws, data = found
