@@ -68,6 +68,7 @@ __all__ = [
     "check_posix_permissions",
     "job_ref",
     "run_set",
+    "run_states",
 ]
 
 Progress = Callable[[str, int, int], None]  # (job name, slots done, slots in the job)
@@ -168,16 +169,23 @@ def _entries(view: SetView, arms: Sequence[str] | None) -> list:  # type: ignore
     return list(view.entries)
 
 
-def _check_built(store: Store, entries: list, problems: list[str]) -> None:  # type: ignore[type-arg]
+def _check_built(
+    store: Store,
+    entries: list,  # type: ignore[type-arg]
+    problems: list[str],
+) -> dict[ObjectId, list[tuple[ObjectId, AtomTask]]]:
+    """Check every build; return each build's atoms in order, read once for the planning."""
+    loaded: dict[ObjectId, list[tuple[ObjectId, AtomTask]]] = {}
     results = [e.result for e in entries]
     report = verify_closure(store, results)
     problems += [f"built tasks: {p}" for p in (str(x) for x in report.problems)]
     if report.problems:
-        return
+        return loaded
     for e in entries:
         result = store.get(e.result, BuildResult)
         key = store.get(result.answer_key, AnswerKey)
         atoms = dict(store.get_many(result.atoms, AtomTask))
+        loaded[e.result] = [(aid, atoms[aid]) for aid in result.atoms]
         checks: dict[ObjectId, FormatCheck] = {}
         for aid in result.atoms:
             atom = atoms[aid]
@@ -202,6 +210,7 @@ def _check_built(store: Store, entries: list, problems: list[str]) -> None:  # t
                 problems.append(f"{where}: atom {aid}: the oracle's answer fails: {bad[0]}")
             elif any(oracle[t] != truth.get(t) for t in oracle):
                 problems.append(f"{where}: atom {aid}: the oracle does not score perfectly")
+    return loaded
 
 
 def _check_routes(
@@ -246,7 +255,8 @@ class _RunState(msgspec.Struct):
 _RUN_STATE = msgspec.msgpack.Decoder(tuple[str, int, _RunState])
 
 
-def _run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, tuple[str, int]]:
+def run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, tuple[str, int]]:
+    """Each run's (outcome, attempt), read from its verified bytes: all resume needs."""
     out = {}
     for rid, data in store.get_raw_many(runs):  # verified bytes
         kind, _, state = _RUN_STATE.decode(data)  # type: ignore[arg-type]
@@ -505,7 +515,7 @@ def run_set(
     agent_id = store.put(agent)
     problems: list[str] = []
     notices: list[str] = []
-    _check_built(store, entries, problems)
+    built = _check_built(store, entries, problems)
     _check_routes(store, entries, agent, studio, accept_conditions, problems, notices)
     if problems:  # damaged tasks cannot even be planned; report before reading them again
         raise CheckFailed(sorted(dict.fromkeys(problems)))
@@ -522,9 +532,7 @@ def run_set(
         arm_label = arm + (f".{variant}" if variant else "")
         atoms: list[tuple[ObjectId, AtomTask]] = []
         for e in group:
-            result = store.get(e.result, BuildResult)
-            got = dict(store.get_many(result.atoms, AtomTask))
-            atoms += [(aid, got[aid]) for aid in result.atoms]
+            atoms += built[e.result]
         for rep in range(1, reps + 1):
             job = Job(
                 name="",
@@ -543,7 +551,7 @@ def run_set(
             # resume: one batch of ref reads per job, then only outcome and attempt of runs
             slots = slot_ids([aid for aid, _ in atoms], agent_id, arm_label, rep)
             lasts = store.refs.get_many([slot_ref(s) for s in slots])
-            states = _run_states(store, [r for r in lasts if r is not None])
+            states = run_states(store, [r for r in lasts if r is not None])
             for (aid, atom), slot, last in zip(atoms, slots, lasts, strict=True):
                 if shard is not None and int.from_bytes(slot[:8], "big") % shard[1] != shard[0]:
                     continue
