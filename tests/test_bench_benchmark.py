@@ -8,32 +8,17 @@ prints its rows.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from medomni_cas.bench.records import RunSlot, slot_id, slot_ids
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, hash_bytes
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.test_benchmarks_smoke import quick_rows
 
 
 def test_bench_benchmark_quick_prints_a_table() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks_perf", "bench", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert out.startswith("$ ") and "benchmarks_perf bench --quick" in out.splitlines()[0]
-    rows = [line for line in out.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| benchmark ")
+    rows = quick_rows("bench", timeout=180)
     for name in (
         "resume: 4,000 slots, slot ids + refs",
         "resume: 4,000 slots, Refs.get_many alone",

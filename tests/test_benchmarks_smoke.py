@@ -13,35 +13,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_store_benchmark_quick_prints_a_table() -> None:
+def quick_rows(suite: str, *, timeout: float = 120) -> list[str]:
+    """Run ``python -m benchmarks_perf SUITE --quick``; its table's rows (header first)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks_perf", "store", "--quick"],
+        [sys.executable, "-m", "benchmarks_perf", suite, "--quick"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert out.startswith("$ ") and "benchmarks_perf store --quick" in out.splitlines()[0]
+    assert out.startswith("$ ") and f"benchmarks_perf {suite} --quick" in out.splitlines()[0]
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| benchmark ")
+    return rows
+
+
+def test_store_benchmark_quick_prints_a_table() -> None:
+    rows = quick_rows("store")
     for name in ("records: Store.put_many", "blob: put_blob", "objects: lmdb put_many"):
         assert any(name in row for row in rows), f"no row for {name!r}"
 
 
 def test_remote_benchmark_quick_prints_a_table() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks_perf", "remote", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert out.startswith("$ ") and "benchmarks_perf remote --quick" in out.splitlines()[0]
-    rows = [line for line in out.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| benchmark ")
+    rows = quick_rows("remote")
     for name in ("lmdb -> s3", "s3 -> lmdb", "push with nothing new: requests", "MiB blob"):
         assert any(name in row for row in rows), f"no row for {name!r}"
