@@ -272,29 +272,35 @@ class MedomniDockerEnvironment(BaseEnvironment):
         self._sidecar.start()
 
     def _wait_for_gateway(self) -> None:
-        """Until the gateway answers on the sidecar's loopback; then record what it serves."""
+        """Until the gateway lists its encoders on the sidecar's loopback; then record them.
+
+        A reply that is not a JSON list (busybox wget under load has returned an empty body
+        with status 0) counts as not ready yet, like no reply, until the deadline."""
         probe = ["timeout", "5", "wget", "-q", "-O", "-"]
-        url = f"http://127.0.0.1:{PERCEPTION_PORT}"
+        url = f"http://127.0.0.1:{PERCEPTION_PORT}/v1/encoders"
         deadline = time.monotonic() + self._health_timeout
         while True:
-            code, _ = self._sidecar.exec_run([*probe, f"{url}/health"])
+            code, listing = self._sidecar.exec_run([*probe, url])
             if code == 0:
-                break
+                try:
+                    encoders = json.loads(listing)
+                except ValueError:
+                    encoders = None
+                if isinstance(encoders, list):
+                    break
             self._sidecar.reload()
             if self._sidecar.status != "running":
                 tail = self._sidecar.logs(tail=30).decode(errors="replace")
                 raise ContainerFailure(f"the perception sidecar exited while starting:\n{tail}")
             if time.monotonic() > deadline:
                 raise ContainerFailure(  # not TimeoutError: Harbor would call it its own
-                    f"the perception gateway did not answer within {self._health_timeout} s"
+                    f"the perception gateway did not list its encoders within "
+                    f"{self._health_timeout} s (last reply: {listing[:200]!r})"
                 )
             time.sleep(0.05)
-        code, listing = self._sidecar.exec_run([*probe, f"{url}/v1/encoders"])
-        if code != 0:
-            raise RuntimeError(f"the perception gateway did not list its encoders: {listing!r}")
         folder = self.trial_paths.trial_dir / PERCEPTION_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        served = {"image": self._sidecar_image, "encoders": json.loads(listing)}
+        served = {"image": self._sidecar_image, "encoders": encoders}
         (folder / "encoders.json").write_text(json.dumps(served, indent=2) + "\n")
 
     async def stop(self, delete: bool) -> None:
