@@ -5,6 +5,7 @@ inline ones); the store is a real LMDB."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,10 +21,11 @@ import medomni_cas as mc
 from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import CheckFailed, check_posix_permissions, run_set
 from medomni_cas.bench.process import ProcessRunner
-from medomni_cas.bench.records import JobRecord, RunRecord
+from medomni_cas.bench.records import JobRecord, PredictionColumns, RunRecord
 from medomni_cas.bench.runfolders import RunFolderError, import_run_folder
 from medomni_cas.bench.runners import Job, Trial
 from medomni_cas.bench.scorer import ScoreError, jobs_of, score_jobs
+from medomni_cas.store.verify import verify_closure
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests._sets import small_tree
 
@@ -382,6 +384,31 @@ def test_run_folder_imports_into_another_store(store: mc.Store, tree: Path, tmp_
     assert jid == report.jobs[0].job
     job = other.get(jid, JobRecord)
     assert all(r in other for r in job.runs)
+    # what the job made comes back whole: its table, agent config, answers, logs, call logs
+    assert job.agent_config in other
+    table = other.get(job.predictions, PredictionColumns)
+    assert all(c in other for c in table.columns.values())
+    runs = [other.get(r, RunRecord) for r in job.runs]
+    logs = [r.agent_block.encoder_log for r in runs]
+    assert all(logs) and all(log in other for log in logs)
+    assert all(r.answer in other for r in runs)
+    assert all(r.logs is None or r.logs in other for r in runs)
+    assert verify_closure(other, [job.predictions, *logs]).ok
+    # a damaged column or call log is refused, naming the file, and nothing is written
+    column = next((folder / "columns").iterdir())
+    good = column.read_bytes()
+    column.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    empty = mc.open("memory://")
+    with pytest.raises(RunFolderError, match=re.escape(f"{column.name}: not the column")):
+        import_run_folder(empty, folder)
+    column.write_bytes(good)
+    uses = folder / "encoder_use.jsonl"
+    calls = uses.read_text()
+    uses.write_text(calls.replace('"status":"ok"', '"status":"error"', 1))
+    with pytest.raises(RunFolderError, match=r"encoder_use\.jsonl: the calls of run"):
+        import_run_folder(empty, folder)
+    uses.write_text(calls)
+    assert not list(empty.iter_ids())
     # an edited line is refused, naming the file and line, and nothing is written
     lines = (folder / "runs.jsonl").read_text().splitlines()
     lines[3] = lines[3].replace('"answered"', '"timeout"')

@@ -6,6 +6,7 @@ give the new encoding a new kind version. Never regenerate these values.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from medomni_cas.bench import records as r
@@ -69,6 +70,29 @@ SAMPLES = {
         scores={"G1": 0.25, "G2": 0.75},
     ),
     "prediction-table": r.PredictionTable(rows=2, columns=("run_id", "target"), table=L),
+    "prediction-columns": r.PredictionColumns(rows=40, columns={"atom": L, "value_text": M}),
+    "answer-columns": r.AnswerColumns(
+        set_build=L,
+        arm="modality-ladder",
+        arm_variant="r2",
+        answer_keys=(M,),
+        rows=40,
+        groups=(
+            r.AnswerGroup(
+                pair="t@n20",
+                target="ckd_stage",
+                metric="macro_f1",
+                config=M,
+                numeric=False,
+                start=0,
+                stop=20,
+            ),
+            r.AnswerGroup(
+                pair="t@n20", target="egfr", metric="mae", config=M, numeric=True, start=20, stop=40
+            ),
+        ),
+        columns={"atom": L, "target": M, "pair": M, "truth_text": L},
+    ),
     "job": r.JobRecord(
         name="b.v1--a--encoders--r1--x",
         task_set=L,
@@ -115,6 +139,8 @@ GOLDEN = {
     "run": "359b82eaf407d7b3bcc986270d590cc8bc20ada8c3de94de36240290b56341fa",
     "prediction": "105bc96906fcb8bc822c8d556011aaca6ccdd2e4667334f39909896a10ae78a4",
     "prediction-table": "9dbd166972cfef2959f45ac424c59f700bb64f3d0eeec9d7f1d80fdeece14fa3",
+    "prediction-columns": "06b5a241a6a8f42630f08dd7ee48b0fbcb154c98fda76586c5132e77b19dd69a",
+    "answer-columns": "a38d0332f55a7965f6bdb78d4844e5f732d3cc969204ee5e2df81061b0f52b08",
     "job": "e04303793d35761f0f587b21753db8bf6f68a1ff246c91ebf74a424e0ab81f22",
     "result": "0b253869eefc5ad74c2f27dc13082cc575652b6e84ebcb07d94c0e3bb28b3d98",
 }
@@ -125,6 +151,14 @@ def test_bench_record_ids_never_change(name: str) -> None:
     data = encoding.encode(SAMPLES[name])
     assert hash_bytes(data).hex() == GOLDEN[name]
     assert encoding.kind_of(data)[0] == f"medomni.{name}"
+
+
+def test_a_result_with_answer_columns_keeps_its_id() -> None:
+    # the field came after results were first written: without it, the bytes are the old ones
+    result = msgspec.structs.replace(SAMPLES["result"], answer_columns=(L,))
+    assert hash_bytes(encoding.encode(result)).hex() == (
+        "c789f79a1f98e22a12ee7fba1f017766273631414500f1d3abcd9790d2774c27"
+    )
 
 
 def test_every_bench_kind_has_a_vector() -> None:

@@ -36,7 +36,7 @@ from collections import Counter
 from typing import Any
 
 from medomni_cas.audit._common import arm_label, load_result, split_pair
-from medomni_cas.bench.records import AgentConfig, JobRecord, RunRecord
+from medomni_cas.bench.records import AgentConfig, AnswerColumns, JobRecord, RunRecord
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.studio.records import (
@@ -260,6 +260,14 @@ def to_prov_json(
             entity=doc.node("entity", _e(k), prov__type=_q("medomni:answer-key")),
         )
         doc.rel("wasDerivedFrom", generatedEntity=result_e, usedEntity=_e(k))
+    for c in res.answer_columns:  # the answer keys as columns, in the jobs' row order
+        doc.rel(
+            "used",
+            activity=score,
+            entity=doc.node("entity", _e(c), prov__type=_q("medomni:answer-columns")),
+        )
+        for k in store.get(c, AnswerColumns).answer_keys:
+            doc.rel("wasDerivedFrom", generatedEntity=_e(c), usedEntity=_e(k))
 
     # -- jobs and runs -------------------------------------------------------------------------
     build_of_entry: dict[tuple[str, str], list[str]] = {}

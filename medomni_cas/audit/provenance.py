@@ -22,7 +22,6 @@ from medomni_cas.audit._common import arm_label, load_result, short, split_pair
 from medomni_cas.bench.records import (
     AgentConfig,
     JobRecord,
-    PredictionTable,
     RunRecord,
     ScoreRow,
 )
@@ -157,6 +156,7 @@ class Provenance(_Report, kw_only=True):
     builds: list[BuildSummary]
     answer_keys: list[str]
     jobs: list[JobSummary]
+    answer_columns: list[str] = []
     warnings: list[str] = []
 
 
@@ -235,7 +235,7 @@ def _job(
         preds += len(r.predictions)
         if r.cost_usd is not None:
             cost = (cost or 0.0) + r.cost_usd
-    table = store.get(job.predictions, PredictionTable)
+    table = store.get(job.predictions)  # `PredictionColumns` or, older, `PredictionTable`
     run_list = None
     if runs:
         patients = _patients(store, records)
@@ -334,6 +334,7 @@ def provenance(store: Store, result: str | ObjectId, *, runs: bool = False) -> P
         set_build=res.set_build.hex(),
         builds=_builds(store, sb),
         answer_keys=[k.hex() for k in res.answer_keys],
+        answer_columns=[c.hex() for c in res.answer_columns],
         jobs=job_summaries,
         warnings=warnings,
     )

@@ -12,7 +12,7 @@
    (``runs/claims/<slot>``) before it runs, so two harnesses on one store never run it twice;
    a claim whose process is gone (same host) or older than ``claim_timeout`` is taken over.
 3. Records each trial as it ends (run, prediction records, answer, logs, encoder calls), and
-   each job (`JobRecord` with its `PredictionTable`), then writes the run folder as a view.
+   each job (`JobRecord` with its `PredictionColumns`), then writes the run folder as a view.
 
 A slot is done when its run ended with an outcome of the agent's own. A run that failed for
 the infrastructure is kept, and the slot runs again on resume, up to ``max_attempts``.
@@ -20,7 +20,6 @@ the infrastructure is kept, and the slot runs again on resume, up to ``max_attem
 
 from __future__ import annotations
 
-import io
 import os
 import socket
 import time
@@ -30,8 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
-import pyarrow as pa
 
+from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmKey, arm_key, prediction_columns
 from medomni_cas.bench.records import (
     AGENT_OUTCOMES,
     AgentBlock,
@@ -39,7 +38,6 @@ from medomni_cas.bench.records import (
     EncoderServed,
     JobRecord,
     PredictionRecord,
-    PredictionTable,
     RunRecord,
     slot_ids,
 )
@@ -62,6 +60,7 @@ from medomni_cas.studio.records import (
 from medomni_cas.studio.tasksets import SetView, show_set
 
 __all__ = [
+    "PREDICTION_COLUMNS",
     "CheckFailed",
     "JobReport",
     "RunReport",
@@ -72,24 +71,6 @@ __all__ = [
 ]
 
 Progress = Callable[[str, int, int], None]  # (job name, slots done, slots in the job)
-PREDICTION_COLUMNS = (
-    "run_id",
-    "slot",
-    "atom",
-    "target",
-    "value_text",
-    "value_num",
-    "intelligence",
-    "agent",
-    "arm",
-    "arm_variant",
-    "repetition",
-    "pair",
-    "config",
-    "outcome",
-    "attempt",
-    "scores",  # JSON {class: probability}, when the agent gave them
-)
 
 
 class CheckFailed(MedomniError):
@@ -428,53 +409,6 @@ def _calls(trial: Trial) -> list:  # type: ignore[type-arg]
 
 
 # -- jobs -----------------------------------------------------------------------------------
-def _prediction_table(store: Store, job: Job, runs: list[RunRecord]) -> PredictionTable:
-    cols: dict[str, list[object]] = {c: [] for c in PREDICTION_COLUMNS}
-    for run in runs:
-        for _, p in store.get_many(run.predictions, PredictionRecord):
-            text = p.value if isinstance(p.value, str) else None
-            num = float(p.value) if isinstance(p.value, int | float) else None
-            row = {
-                "run_id": run.run_id,
-                "slot": run.slot,
-                "atom": p.atom.hex(),
-                "target": p.target,
-                "value_text": text,
-                "value_num": num,
-                "intelligence": p.intelligence,
-                "agent": job.agent.name,
-                "arm": job.arm,
-                "arm_variant": job.arm_variant,
-                "repetition": job.repetition,
-                "pair": run.pair,
-                "config": run.config.hex(),
-                "outcome": run.outcome,
-                "attempt": run.attempt,
-                "scores": msgspec.json.encode(p.scores).decode() if p.scores else None,
-            }
-            for c in PREDICTION_COLUMNS:
-                cols[c].append(row[c])
-    schema = pa.schema(
-        [
-            (
-                c,
-                pa.float64()
-                if c == "value_num"
-                else pa.int32()
-                if c in ("repetition", "attempt")
-                else pa.string(),
-            )
-            for c in PREDICTION_COLUMNS
-        ]
-    )
-    table = pa.table(cols, schema=schema)
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    blob = store.put_blob(sink.getvalue())
-    return PredictionTable(rows=table.num_rows, columns=PREDICTION_COLUMNS, table=blob)
-
-
 def _folder_name(set_name: str, agent: str, arm_label: str, rep: int, stamp: str) -> str:
     return f"{set_name.replace('/', '.')}--{agent}--{arm_label}--r{rep}--{stamp}"
 
@@ -525,7 +459,7 @@ def run_set(
     groups: dict[tuple[str, str], list] = {}  # type: ignore[type-arg]
     for e in entries:
         groups.setdefault((e.arm, e.arm_variant), []).append(e)
-    jobs: list[tuple[Job, dict[ObjectId, ObjectId | None], list[ObjectId]]] = []
+    jobs: list[tuple[Job, dict[ObjectId, ObjectId | None], list[ObjectId], ArmKey]] = []
     checks: dict[ObjectId, FormatCheck] = {}
     for (arm, variant), group in groups.items():
         encoders = builds[arm].encoders if arm in builds else "none"
@@ -533,6 +467,7 @@ def run_set(
         atoms: list[tuple[ObjectId, AtomTask]] = []
         for e in group:
             atoms += built[e.result]
+        key = arm_key(store, view.build, arm, variant)  # type: ignore[arg-type]
         for rep in range(1, reps + 1):
             job = Job(
                 name="",
@@ -566,7 +501,7 @@ def run_set(
                     check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
                 job.trials.append(TrialSpec(slot, attempt, aid, atom, check))
                 previous[slot] = last
-            jobs.append((job, previous, slots))
+            jobs.append((job, previous, slots, key))
             if job.trials:
                 problems += [f"{arm_label} r{rep}: {p}" for p in impl.check(job)]
     if problems:
@@ -576,9 +511,11 @@ def run_set(
     if store.refs.get(agent_ref(agent.name)) != agent_id:
         # harnesses of one set may start together: retry, the last config named wins
         store.refs.update(agent_ref(agent.name), lambda _cur: agent_id, message="bench run")
-    for job, previous, slots in jobs:
+    for job, previous, slots, key in jobs:
         report.jobs.append(
-            _run_job(store, view, impl, job, previous, slots, runs_dir, claim_timeout, progress)
+            _run_job(
+                store, view, impl, job, previous, slots, key, runs_dir, claim_timeout, progress
+            )
         )
     return report
 
@@ -590,6 +527,7 @@ def _run_job(
     job: Job,
     previous: dict[ObjectId, ObjectId | None],
     slots: list[ObjectId],
+    key: ArmKey,
     runs_dir: Path,
     claim_timeout: float,
     progress: Progress | None,
@@ -643,7 +581,7 @@ def _run_job(
                 _release(store, slot)  # not run (runner stopped early): free for the next try
     run_ids = _final_runs(store, slots)
     runs = [store.get(r, RunRecord) for r in run_ids]
-    table = store.put(_prediction_table(store, job, runs))
+    table = store.put(prediction_columns(store, key, runs, job.agent.kind))
     record = JobRecord(
         name=job.name,
         task_set=view.task_set,

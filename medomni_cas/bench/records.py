@@ -6,8 +6,11 @@ score depends on is linked, so an audit walks from a `Result` down to the atoms,
 config, every run and the answer keys.
 
 Predictions exist twice, on purpose: one `PredictionRecord` per target per run (the spec's
-record, small and linked from its run), and per job one Arrow table (`PredictionTable`), so
-that the scorer reads millions of predictions as columns instead of as millions of objects.
+record, small and linked from its run), and per job a table of columns
+(`PredictionColumns`, one blob per column, rows lined up with the arm's `AnswerColumns`), so
+that the scorer reads millions of predictions as one column instead of as millions of
+objects. `PredictionTable` (one Arrow blob per job) is the layout jobs had before; it is
+still read.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ __all__ = [
     "OUTCOMES",
     "AgentBlock",
     "AgentConfig",
+    "AnswerColumns",
+    "AnswerGroup",
     "EncoderServed",
     "JobRecord",
     "Limits",
+    "PredictionColumns",
     "PredictionRecord",
     "PredictionTable",
     "Result",
@@ -220,13 +226,61 @@ class PredictionRecord(Record, kw_only=True):
 
 
 class PredictionTable(Record, kw_only=True):
-    """A job's prediction records as one Arrow IPC file (a blob), for column reads."""
+    """A job's prediction records as one Arrow IPC file (a blob): the layout before
+    `PredictionColumns`, still read (the scorer hash-joins it with the answers)."""
 
     __kind__ = "medomni.prediction-table"
 
     rows: int
     columns: tuple[str, ...]
     table: ObjectId  # blob: Arrow IPC stream
+
+
+class PredictionColumns(Record, kw_only=True):
+    """A job's predictions, one blob per column (an Arrow IPC stream holding that column).
+
+    Rows follow the key of the job's arm (see `medomni_cas.bench.columns`): one row per atom
+    and target, with nulls where no run answered, so the ``atom``, ``target`` and ``pair``
+    columns are the very objects of the arm's `AnswerColumns`. A column missing from
+    ``columns`` is null in every row.
+    """
+
+    __kind__ = "medomni.prediction-columns"
+
+    rows: int
+    columns: dict[str, ObjectId]
+
+
+class AnswerGroup(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Rows ``start:stop`` of an `AnswerColumns`: one pair's one target."""
+
+    pair: str
+    target: str
+    metric: str
+    config: ObjectId  # the pair's build config
+    numeric: bool  # scored on ``truth_num``/``value_num``, else on the text columns
+    start: int
+    stop: int
+
+
+class AnswerColumns(Record, kw_only=True):
+    """The answers of one arm (and rung) of a set build, in the key's row order.
+
+    Derived from the answer keys it links, so the scorer makes it once per arm and finds it
+    again by ``scores/answers/<set build>/<arm label>``; every `Result` links the ones it
+    scored with. Columns: ``atom``, ``target``, ``pair`` (shared with the jobs' tables),
+    ``truth_text``, ``truth_num`` (a missing one is null in every row).
+    """
+
+    __kind__ = "medomni.answer-columns"
+
+    set_build: ObjectId
+    arm: str
+    arm_variant: str = ""
+    answer_keys: tuple[ObjectId, ...]
+    rows: int
+    groups: tuple[AnswerGroup, ...]
+    columns: dict[str, ObjectId]
 
 
 class JobRecord(Record, kw_only=True):
@@ -244,7 +298,7 @@ class JobRecord(Record, kw_only=True):
     runner: str
     runs: tuple[ObjectId, ...]  # the final run of each slot, in the set's atom order
     attempts: int  # runs recorded, retries included
-    predictions: ObjectId  # `PredictionTable`
+    predictions: ObjectId  # `PredictionColumns` (or, in jobs written before it, `PredictionTable`)
     started: str
 
 
@@ -280,3 +334,4 @@ class Result(Record, kw_only=True):
     seed: int
     rows: tuple[ScoreRow, ...]
     table: ObjectId  # blob: the rows as Parquet
+    answer_columns: tuple[ObjectId, ...] = ()  # the `AnswerColumns` scored against

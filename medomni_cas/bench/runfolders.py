@@ -3,14 +3,19 @@
 ``<runs>/<set>--<agent>--<arm>[.<variant>]--r<rep>--<stamp>/`` holds::
 
     job.json               the job record (with its id)
+    agent.json             the agent config the job ran
     runs.jsonl             one run record per atom task (the slot's final run), with its id
     predictions.jsonl      the prediction records, with their ids
     encoder_use.jsonl      each encoder call, with its run (arms with the perception service)
+    columns.json           the job's predictions as columns (the record), and in
+    columns/<name>.arrow   each column, an Arrow IPC stream
     trials/<run_id>/       the answer as written (answer.bin) and the trial's log files
 
 The folder is a view: the store is the truth, and writing it again gives the same bytes.
 `import_run_folder` reads one back into a store (another machine's, say), re-hashing every
-record against the id written beside it, so nothing altered on the way is accepted.
+record, blob and tree against the id it must have, so nothing altered on the way is
+accepted; what the job made comes back whole (the set it ran must be in the store to score
+it).
 """
 
 from __future__ import annotations
@@ -21,10 +26,18 @@ from typing import Any
 
 import msgspec
 
-from medomni_cas.bench.records import JobRecord, PredictionRecord, RunRecord
+from medomni_cas.bench.records import (
+    AgentConfig,
+    JobRecord,
+    PredictionColumns,
+    PredictionRecord,
+    PredictionTable,
+    RunRecord,
+)
 from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.backends._files import atomic_write
+from medomni_cas.store.backends.memory import MemoryBackend
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
 from medomni_cas.store.trees import check_entry_name
@@ -67,9 +80,8 @@ def write_run_folder(store: Store, job_id: ObjectId, folder: Path) -> Path:
             preds.append(_line(pid, p))
         if run.agent_block.encoder_log is not None:
             for line in store.read_blob(run.agent_block.encoder_log).splitlines():
-                calls.append(
-                    _JSON.encode({"run_id": run.run_id, "call": msgspec.json.decode(line)}) + b"\n"
-                )
+                # the call's bytes as logged, so that the log can be made again on import
+                calls.append(_JSON.encode(_Use(run.run_id, msgspec.Raw(line))) + b"\n")
         trial = folder / "trials" / run.run_id
         trial.mkdir(parents=True, exist_ok=True)
         if run.answer is not None:
@@ -78,11 +90,31 @@ def write_run_folder(store: Store, job_id: ObjectId, folder: Path) -> Path:
             for name, oid in store.get(run.logs).items():
                 _write(trial / name, store.read_blob(oid))
     _write(folder / "job.json", _line(job_id, job))
+    _write(folder / "agent.json", _line(job.agent_config, store.get(job.agent_config, AgentConfig)))
     _write(folder / "runs.jsonl", b"".join(runs))
     _write(folder / "predictions.jsonl", b"".join(preds))
     if calls or job.arm != "no-perception":
         _write(folder / "encoder_use.jsonl", b"".join(calls))
+    table = store.get(job.predictions)
+    _write(folder / "columns.json", _line(job.predictions, table))
+    for name, blob in _table_blobs(table).items():
+        _write(folder / "columns" / f"{name}.arrow", store.read_blob(blob))
     return folder
+
+
+class _Use(msgspec.Struct):
+    """A line of ``encoder_use.jsonl``."""
+
+    run_id: str
+    call: msgspec.Raw
+
+
+def _table_blobs(table: object) -> dict[str, ObjectId]:
+    if isinstance(table, PredictionColumns):
+        return dict(table.columns)
+    if isinstance(table, PredictionTable):
+        return {"table": table.table}
+    raise RunFolderError(f"the job's predictions are a {type(table).__name__}")
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -114,8 +146,8 @@ def _records[T: msgspec.Struct](path: Path, cls: type[T]) -> list[tuple[ObjectId
 
 
 def import_run_folder(store: Store, folder: str | os.PathLike[str]) -> ObjectId:
-    """Read a run folder into ``store``; every record and blob is checked before any is
-    written. Returns the job's id."""
+    """Read a run folder into ``store``; every record, blob and tree is checked against the
+    id it must have before any is written. Returns the job's id."""
     f = Path(folder)
     jobs = _records(f / "job.json", JobRecord)
     if len(jobs) != 1:
@@ -127,35 +159,79 @@ def import_run_folder(store: Store, folder: str | os.PathLike[str]) -> ObjectId:
     missing = [r for r in job.runs if r not in have_runs]
     if missing:
         raise RunFolderError(f"{f / 'runs.jsonl'}: run {missing[0]} of the job is not in it")
-    blobs: list[bytes] = []
+    # Everything is made in a scratch store first: what hashes right there is copied over.
+    scratch = Store(MemoryBackend())
+    records = [(oid, data) for oid, _, data in (*preds, *runs)] + [(job_id, job_data)]
+    if (f / "agent.json").is_file():  # folders written before it held the agent config
+        records += [(oid, data) for oid, _, data in _records(f / "agent.json", AgentConfig)]
+    uses = _encoder_uses(f / "encoder_use.jsonl")
     for _, run, _ in runs:
-        check_entry_name(run.run_id)
-        trial = f / "trials" / run.run_id
-        if run.answer is not None:
-            data = _read(trial / "answer.bin")
-            if _blob_id(data) != run.answer:
-                raise RunFolderError(
-                    f"{trial / 'answer.bin'}: not the answer run {run.run_id} recorded"
-                )
-            blobs.append(data)
-    for data in blobs:
-        store.put_blob(data)
-    items = [(oid, data) for oid, _, data in (*preds, *runs)] + [(job_id, job_data)]
+        _trial(scratch, f, run, uses.get(run.run_id, []))
+    if (f / "columns.json").is_file():
+        _columns(scratch, f, job)
     try:
-        store.put_raw_many(items)
+        scratch.put_raw_many(records)
+        store.put_raw_many([(oid, scratch.get_raw(oid)) for oid in scratch.iter_ids()])
     except (IntegrityError, InvalidObject) as e:
         raise RunFolderError(f"{f}: {e}") from None
     return job_id
+
+
+def _trial(scratch: Store, f: Path, run: RunRecord, calls: list[bytes]) -> None:
+    """A run's answer, log files and encoder call log, checked against its record."""
+    check_entry_name(run.run_id)
+    trial = f / "trials" / run.run_id
+    if run.answer is not None and scratch.put_blob(_read(trial / "answer.bin")) != run.answer:
+        raise RunFolderError(f"{trial / 'answer.bin'}: not the answer run {run.run_id} recorded")
+    if run.logs is not None:
+        if not trial.is_dir():
+            raise RunFolderError(f"{trial}: missing (run {run.run_id} kept logs)")
+        files = sorted(p for p in trial.iterdir() if p.name != "answer.bin" and p.is_file())
+        tree = scratch.put_tree({p.name: scratch.put_blob(p.read_bytes()) for p in files})
+        if tree != run.logs:
+            raise RunFolderError(f"{trial}: its log files are not the logs run {run.run_id} kept")
+    log = run.agent_block.encoder_log
+    if log is not None and scratch.put_blob(b"".join(c + b"\n" for c in calls)) != log:
+        raise RunFolderError(
+            f"{f / 'encoder_use.jsonl'}: the calls of run {run.run_id} are not the ones it logged"
+        )
+
+
+def _encoder_uses(path: Path) -> dict[str, list[bytes]]:
+    """Each run's encoder calls, as logged."""
+    out: dict[str, list[bytes]] = {}
+    if not path.is_file():
+        return out
+    for n, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            use = msgspec.json.decode(line, type=_Use)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise RunFolderError(f"{path}:{n}: not an encoder call line: {e}") from None
+        out.setdefault(use.run_id, []).append(bytes(use.call))
+    return out
+
+
+def _columns(scratch: Store, f: Path, job: JobRecord) -> None:
+    """The job's prediction table: its record and every column file, each checked."""
+    path = f / "columns.json"
+    one_blob = b'"table":' in path.read_bytes()  # jobs written before columns: one Arrow blob
+    found = _records(path, PredictionTable if one_blob else PredictionColumns)
+    if len(found) != 1:
+        raise RunFolderError(f"{path}: expected one record")
+    oid, table, data = found[0]
+    if oid != job.predictions:
+        raise RunFolderError(f"{path}: not the predictions of job {job.name}")
+    for name, blob in _table_blobs(table).items():
+        check_entry_name(f"{name}.arrow")
+        column = f / "columns" / f"{name}.arrow"
+        if scratch.put_blob(_read(column)) != blob:
+            raise RunFolderError(f"{column}: not the column the job's predictions hold")
+    scratch.put_raw_many([(oid, data)])
 
 
 def _read(path: Path) -> bytes:
     if not path.is_file():
         raise RunFolderError(f"{path}: missing")
     return path.read_bytes()
-
-
-def _blob_id(data: bytes) -> ObjectId:
-    # the id put_blob would give, chunked or not, without touching the real store
-    from medomni_cas.store.backends.memory import MemoryBackend
-
-    return Store(MemoryBackend()).put_blob(data)

@@ -1,10 +1,12 @@
 """The scorer: prediction records and answer keys -> a `Result`, as pyarrow columns.
 
-Reads each job's `PredictionTable` (one Arrow table per job, not one object per prediction)
-and the answer keys of the set's build, joins them on (atom, target), and scores each
-(agent, arm, rung, pair, target) with the metric its template names, with a percentile
-bootstrap interval. An atom with no valid answer counts against the agent (see
-`medomni_cas.bench.metrics` for how each metric treats it).
+Reads each job's predictions as columns (`medomni_cas.bench.columns`), never one object per
+prediction, against its arm's `AnswerColumns` (derived from the answer keys once and kept):
+a job whose atom and target columns are the answers' own objects lines up row for row and
+only its answer column is read; any other (a `PredictionTable` of older jobs, say) is
+joined on (atom, target). Each (agent, arm, rung, pair, target) is scored with the metric
+its template names, with a percentile bootstrap interval. An atom with no valid answer
+counts against the agent (see `medomni_cas.bench.metrics` for how each metric treats it).
 
 Jobs of different task sets are never put in one table (a clear error). A row whose runs
 were built under more than one config hash, or whose config hash differs from another
@@ -24,18 +26,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from medomni_cas.bench.columns import Truths, answer_columns, read_column, read_predictions
 from medomni_cas.bench.metrics import score as metric_score
 from medomni_cas.bench.records import (
     AgentConfig,
+    AnswerColumns,
     JobRecord,
-    PredictionTable,
+    PredictionColumns,
     Result,
     ScoreRow,
 )
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
-from medomni_cas.studio.records import AnswerKey, AtomTask, BuildConfig, BuildResult, SetBuild
 
 __all__ = [
     "SCORER",
@@ -62,10 +65,8 @@ def result_ref(set_name: str) -> str:
 
 
 def prediction_table(store: Store, job: JobRecord) -> pa.Table:
-    """A job's predictions as an Arrow table (read from one blob)."""
-    pt = store.get(job.predictions, PredictionTable)
-    data = store.read_blob(pt.table)
-    return pa.ipc.open_stream(pa.BufferReader(data)).read_all()
+    """A job's predictions as one Arrow table (see `read_predictions`)."""
+    return read_predictions(store, job)
 
 
 def jobs_of(
@@ -85,54 +86,99 @@ def jobs_of(
     return out
 
 
-@dataclass(frozen=True)
-class _Truth:
-    table: pa.Table  # atom, target, truth_text, truth_num, pair, config, metric, arm, variant
-    answer_keys: list[ObjectId]
+@dataclass
+class _Answers:
+    """An arm's answer columns as the scorer reads them: truth once, key columns if a job
+    needs joining."""
+
+    id: ObjectId
+    record: AnswerColumns
+    truth_text: pa.Array
+    truth_num: pa.Array
+    _key: pa.Table | None = None
+
+    def key(self, store: Store) -> pa.Table:
+        """``atom``, ``target`` and each row's number, for joining a job that does not line up."""
+        if self._key is None:
+            cols = self.record.columns
+            self._key = pa.table(
+                {
+                    "atom": read_column(store, cols["atom"], "atom"),
+                    "target": read_column(store, cols["target"], "target"),
+                    "row": pa.array(np.arange(self.record.rows, dtype=np.int64)),
+                }
+            )
+        return self._key
 
 
-def _truth(store: Store, set_build: ObjectId) -> _Truth:
-    sb = store.get(set_build, SetBuild)
-    cols: dict[str, list[object]] = {
-        k: []
-        for k in (
-            "atom",
-            "target",
-            "truth_text",
-            "truth_num",
-            "pair",
-            "config",
-            "metric",
-            "arm",
-            "arm_variant",
+def _answers(
+    store: Store, set_build: ObjectId, arm: str, arm_variant: str, truths: Truths
+) -> _Answers:
+    aid, record = answer_columns(store, set_build, arm, arm_variant, truths)
+    n = record.rows
+
+    def column(name: str, typ: pa.DataType) -> pa.Array:
+        blob = record.columns.get(name)
+        return pa.nulls(n, typ) if blob is None else read_column(store, blob, name)
+
+    return _Answers(aid, record, column("truth_text", pa.string()), column("truth_num", _F64))
+
+
+_F64 = pa.float64()
+
+
+@dataclass
+class _Predictions:
+    """A job's columns in its arm's answer rows; None where the job has none."""
+
+    value_text: pa.Array | None
+    value_num: pa.Array | None
+    attempt: pa.Array | None
+    scores: pa.Array | None
+    config: pa.Array | None  # the runs' config hashes; None when they are the key's own
+
+
+def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Predictions:
+    """Read only what the answers' groups score: a job whose key columns are the answers'
+    own objects lines up row for row; any other is joined on (atom, target)."""
+    record = store.get(job.predictions)
+    key = answers.record
+    if (
+        isinstance(record, PredictionColumns)
+        and record.rows == key.rows
+        and all(record.columns.get(c) == key.columns[c] for c in ("atom", "target"))
+    ):
+        kinds = {g.numeric for g in key.groups}
+        wanted = {"attempt"} | ({"value_num"} if True in kinds else set())
+        wanted |= {"value_text", "scores"} if False in kinds else set()
+        got = {
+            c: read_column(store, record.columns[c], c) if c in record.columns else None
+            for c in ("value_text", "value_num", "attempt", "scores")
+            if c in wanted
+        }
+        return _Predictions(
+            got.get("value_text"), got.get("value_num"), got.get("attempt"), got.get("scores"), None
         )
-    }
-    keys: dict[ObjectId, AnswerKey] = {}
-    configs: dict[ObjectId, BuildConfig] = {}
-    for e in sb.entries:
-        result = store.get(e.result, BuildResult)
-        key = keys.get(result.answer_key)
-        if key is None:
-            key = keys[result.answer_key] = store.get(result.answer_key, AnswerKey)
-        cfg = configs.get(e.config)
-        if cfg is None:
-            cfg = configs[e.config] = store.get(e.config, BuildConfig)
-        metric = {t["label"]: t["metric"] for t in cfg.targets}
-        for aid, atom in store.get_many(result.atoms, AtomTask):
-            truth = key.values.get(atom.patient, {})
-            for target, m in metric.items():
-                v = truth.get(target)
-                cols["atom"].append(aid.hex())
-                cols["target"].append(target)
-                cols["truth_text"].append(v if isinstance(v, str) else None)
-                cols["truth_num"].append(float(v) if isinstance(v, int | float) else None)
-                cols["pair"].append(e.pair)
-                cols["config"].append(e.config.hex())
-                cols["metric"].append(m)
-                cols["arm"].append(e.arm)
-                cols["arm_variant"].append(e.arm_variant)
-    schema = pa.schema([(k, pa.float64() if k == "truth_num" else pa.string()) for k in cols])
-    return _Truth(pa.table(cols, schema=schema), list(keys))
+    table = read_predictions(store, job)
+    joined = answers.key(store).join(
+        table.select(["atom", "target", "value_text", "value_num", "attempt", "scores", "config"]),
+        keys=["atom", "target"],
+        join_type="left outer",
+    )
+    if joined.num_rows != key.rows:
+        raise ScoreError(f"job {job.name}: its predictions list some (atom, target) more than once")
+    joined = joined.sort_by("row")  # back in the answers' order, which the groups index
+
+    def column(name: str) -> pa.Array:
+        return joined[name].combine_chunks()
+
+    return _Predictions(
+        column("value_text"),
+        column("value_num"),
+        column("attempt"),
+        column("scores"),
+        column("config"),
+    )
 
 
 @dataclass(frozen=True)
@@ -161,49 +207,33 @@ def score_jobs(
             + ", ".join(sorted(s.hex()[:12] for s in sets))
             + "); scores of different task set hashes are never put in one table"
         )
-    builds = {r.set_build for r in records}
-    set_build = records[-1].set_build
-    truth = _truth(store, set_build)
     names = {r.agent_config: store.get(r.agent_config, AgentConfig).name for r in records}
+    answers: dict[tuple[ObjectId, str, str], _Answers] = {}
+    truths: Truths = {}  # answer keys read for one arm, for the next
     rows: list[ScoreRow] = []
-    for job_id, job in zip(jobs, records, strict=True):
-        if job.set_build not in builds:
-            continue
-        preds = prediction_table(store, job)
-        if "scores" not in preds.column_names:  # tables written before scores were kept
-            preds = preds.append_column("scores", pa.nulls(preds.num_rows, pa.string()))
-        t = truth.table.filter(
-            pc.and_(
-                pc.equal(truth.table["arm"], job.arm),
-                pc.equal(truth.table["arm_variant"], job.arm_variant),
-            )
-        )
-        joined = t.join(
-            preds.select(
-                ["atom", "target", "value_text", "value_num", "config", "attempt", "scores"]
-            ).rename_columns(
-                ["atom", "target", "value_text", "value_num", "run_config", "attempt", "scores"]
-            ),
-            keys=["atom", "target"],
-            join_type="left outer",
-        )
-        rows += _rows(joined, names[job.agent_config], job, n_boot, seed)
-        del job_id
+    for job in records:
+        arm = (job.set_build, job.arm, job.arm_variant)
+        if arm not in answers:
+            answers[arm] = _answers(store, *arm, truths)
+        preds = _predictions(store, job, answers[arm])
+        rows += _rows(answers[arm], preds, names[job.agent_config], job, n_boot, seed)
     rows = sorted(_flag(rows), key=lambda r: (r.agent, r.arm, r.arm_variant, r.pair, r.target))
     table = _rows_table(rows)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
+    answer_keys = dict.fromkeys(k for a in answers.values() for k in a.record.answer_keys)
     result = Result(
         task_set=records[0].task_set,
-        set_build=set_build,
+        set_build=records[-1].set_build,
         jobs=tuple(jobs),
-        answer_keys=tuple(truth.answer_keys),
+        answer_keys=tuple(answer_keys),
         scorer=SCORER,
         scorer_version=SCORER_VERSION,
         n_boot=n_boot,
         seed=seed,
         rows=tuple(rows),
         table=store.put_blob(sink.getvalue()),
+        answer_columns=tuple(a.id for a in answers.values()),
     )
     rid = store.put(result)
     if set_name is not None:
@@ -213,64 +243,68 @@ def score_jobs(
     return Scored(rid, result, table)
 
 
-def _rows(joined: pa.Table, agent: str, job: JobRecord, n_boot: int, seed: int) -> list[ScoreRow]:
+def _rows(
+    answers: _Answers, preds: _Predictions, agent: str, job: JobRecord, n_boot: int, seed: int
+) -> list[ScoreRow]:
     out = []
-    groups = joined.group_by(["pair", "target", "metric"]).aggregate([]).to_pylist()
-    for g in sorted(groups, key=lambda g: (g["pair"], g["target"])):
-        mask = pc.and_(pc.equal(joined["pair"], g["pair"]), pc.equal(joined["target"], g["target"]))
-        part = joined.filter(mask)
-        numeric = part["truth_num"].null_count < part.num_rows
-        truth = part["truth_num"] if numeric else part["truth_text"]
-        pred = part["value_num"] if numeric else part["value_text"]
-        m = metric_score(g["metric"], truth, pred, n_boot=n_boot, seed=seed)
-        configs = sorted(
-            set(part["config"].to_pylist())
-            | {c for c in part["run_config"].to_pylist() if c is not None}
-        )
-        attempts = pc.sum(part["attempt"]).as_py() or 0
+    for g in sorted(answers.record.groups, key=lambda g: (g.pair, g.target)):
+        n = g.stop - g.start
+        if g.numeric:
+            truth, pred = answers.truth_num, preds.value_num
+        else:
+            truth, pred = answers.truth_text, preds.value_text
+        truth = truth.slice(g.start, n)
+        pred = pa.nulls(n, truth.type) if pred is None else pred.slice(g.start, n)
+        m = metric_score(g.metric, truth, pred, n_boot=n_boot, seed=seed)
+        configs = {g.config.hex()}
+        if preds.config is not None:
+            configs |= {c for c in pc.unique(preds.config.slice(g.start, n)).to_pylist() if c}
+        ordered = sorted(configs)
+        attempts = 0
+        if preds.attempt is not None:
+            attempts = pc.sum(preds.attempt.slice(g.start, n)).as_py() or 0
         out.append(
             ScoreRow(
                 agent=agent,
                 arm=job.arm,
                 arm_variant=job.arm_variant,
-                pair=g["pair"],
-                target=g["target"],
-                metric=g["metric"],
+                pair=g.pair,
+                target=g.target,
+                metric=g.metric,
                 value=m.value,
                 ci_low=m.ci_low,
                 ci_high=m.ci_high,
                 n=m.n,
                 n_missing=m.n_missing,
-                config=configs[0],
+                config=ordered[0],
                 config_flag=(
-                    f"runs of {len(configs)} config hashes: " + ", ".join(c[:12] for c in configs)
-                    if len(configs) > 1
+                    f"runs of {len(ordered)} config hashes: " + ", ".join(c[:12] for c in ordered)
+                    if len(ordered) > 1
                     else ""
                 ),
                 attempts=int(attempts),
             )
         )
-        if not numeric:
-            auroc = _auroc_row(part, agent, job, g, n_boot, seed, out[-1])
-            if auroc is not None:
-                out.append(auroc)
+        scores = preds.scores
+        if not g.numeric and scores is not None:
+            scores = scores.slice(g.start, n)
+            if scores.null_count < n:
+                out.append(_auroc_row(truth, scores, n_boot, seed, out[-1]))
     return out
 
 
 def _auroc_row(
-    part: pa.Table, agent: str, job: JobRecord, g: dict, n_boot: int, seed: int, base: ScoreRow
-) -> ScoreRow | None:
+    truth: pa.Array, scores: pa.Array, n_boot: int, seed: int, base: ScoreRow
+) -> ScoreRow:
     """AUROC from the class probabilities agents gave (rows without them count as missing)."""
-    given = [None if s is None else msgspec.json.decode(s) for s in part["scores"].to_pylist()]
-    if not any(given):
-        return None
-    truth = part["truth_text"].to_pylist()
-    classes = sorted({c for c in truth if c is not None} | {c for s in given if s for c in s})
+    given = [None if s is None else msgspec.json.decode(s) for s in scores.to_pylist()]
+    labels = truth.to_pylist()
+    classes = sorted({c for c in labels if c is not None} | {c for s in given if s for c in s})
     matrix = np.full((len(given), len(classes)), np.nan)
     for i, s in enumerate(given):
         if s:
             matrix[i] = [float(s.get(c, 0.0)) for c in classes]
-    m = metric_score("auroc", part["truth_text"], None, matrix, classes, n_boot=n_boot, seed=seed)
+    m = metric_score("auroc", truth, None, matrix, classes, n_boot=n_boot, seed=seed)
     return msgspec.structs.replace(
         base,
         metric="auroc",
