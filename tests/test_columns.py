@@ -34,9 +34,11 @@ from medomni_cas.bench.records import (
     PredictionTable,
     ScoreRow,
 )
+from medomni_cas.bench.runfolders import import_run_folder
 from medomni_cas.bench.scorer import jobs_of, score_jobs
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.verify import verify_closure
 from medomni_cas.studio.records import BuildResult, SetBuild
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests._sets import small_tree
@@ -204,3 +206,13 @@ def test_a_build_whose_atoms_do_not_match_its_cohort_is_refused(
         make_answer_columns(store, arm_key(store, bad, entry.arm))
     with pytest.raises(ColumnsError, match="has no arm encoders"):
         arm_key(store, bad, "encoders")
+
+
+def test_an_imported_run_folder_scores_the_same(ran: tuple[mc.Store, Path, ObjectId]) -> None:
+    store, root, jid = ran
+    folder = root / "runs" / store.get(jid, JobRecord).name
+    with mc.open(f"lmdb://{root / 'other'}") as other:
+        build_set(other, SET, studio=root / "studio", bench=root / "bench")
+        assert import_run_folder(other, folder) == jid
+        assert verify_closure(other, [jid]).ok
+        assert _score(other, jid) == _score(store, jid)
