@@ -4,6 +4,7 @@ table, slots never run) score exactly the same through the join."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from medomni_cas.bench.records import (
 )
 from medomni_cas.bench.runfolders import import_run_folder
 from medomni_cas.bench.scorer import jobs_of, score_jobs
+from medomni_cas.cli import main
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.verify import verify_closure
@@ -216,3 +218,32 @@ def test_an_imported_run_folder_scores_the_same(ran: tuple[mc.Store, Path, Objec
         assert import_run_folder(other, folder) == jid
         assert verify_closure(other, [jid]).ok
         assert _score(other, jid) == _score(store, jid)
+
+
+def test_audit_verify_makes_the_answer_columns_again(
+    ran: tuple[mc.Store, Path, ObjectId], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, _, jid = ran
+    scored = score_jobs(store, [jid], n_boot=0)
+    (aid,) = scored.record.answer_columns
+    kept = store.get(aid, AnswerColumns)
+    # the same result, but scored against answers with one label changed
+    truth = read_column(store, kept.columns["truth_text"], "truth_text").to_pylist()
+    i = next(i for i, v in enumerate(truth) if v is not None)
+    truth[i] = "not-a-stage"
+    doctored = msgspec.structs.replace(
+        kept,
+        columns={**kept.columns, **put_columns(store, {"truth_text": pa.array(truth)})},
+    )
+    bad = store.put(msgspec.structs.replace(scored.record, answer_columns=(store.put(doctored),)))
+    url = f"lmdb://{tmp_path / 'copy'}"
+    with mc.open(url) as copy:
+        copy.put_raw_many(store.walk([scored.result, bad]))
+    assert main(["audit", "verify", scored.result.hex(), "--store", url]) == 0
+    capsys.readouterr()
+    assert main(["audit", "verify", bad.hex(), "--store", url, "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is False and not data["problems"]
+    (line,) = data["derived"]
+    assert "of arm no-perception are not what the answer keys give" in line
+    assert "columns truth_text" in line

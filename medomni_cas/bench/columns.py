@@ -347,8 +347,11 @@ def read_predictions(store: Store, job: JobRecord) -> pa.Table:
 Truths = dict[tuple[ObjectId, ObjectId, str], tuple[pa.Array, pa.Array]]
 
 
-def make_answer_columns(store: Store, key: ArmKey, truths: Truths | None = None) -> AnswerColumns:
-    """The answers of ``key``'s rows, from the answer keys of its builds (stored columns).
+def make_answer_columns(
+    store: Store, key: ArmKey, truths: Truths | None = None, *, sink: Store | None = None
+) -> AnswerColumns:
+    """The answers of ``key``'s rows, from the answer keys of its builds, with the columns
+    stored in ``sink`` (``store`` unless given: a check makes them in a scratch store).
     ``truths`` keeps what was read for the next arm: the encoder arms share their keys."""
     truths = {} if truths is None else truths
     text: list[pa.Array] = []
@@ -386,7 +389,7 @@ def make_answer_columns(store: Store, key: ArmKey, truths: Truths | None = None)
         answer_keys=tuple(dict.fromkeys(g.answer_key for g in key.groups)),
         rows=key.rows,
         groups=tuple(groups),
-        columns=put_columns(store, arrays),
+        columns=put_columns(store if sink is None else sink, arrays),
     )
 
 

@@ -3,7 +3,8 @@
 * ``show <result> [--runs]``: the provenance tree, from the result down to the templates,
   cohorts and their versions, build configs, dataset release, builder, agent config,
   served models, runs, predictions and answer keys;
-* ``verify <result>``: re-hash every object of the result's closure; exit 1 naming each
+* ``verify <result>``: re-hash every object of the result's closure, and make the answer
+  columns it was scored against again from its answer keys; exit 1 naming each
   missing or corrupt object and where it sits;
 * ``diff <a> <b>``: which inputs of two results differ (exit 0 either way);
 * ``export <result> [-o FILE]``: W3C PROV-JSON.
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from medomni_cas.audit import diff_results, provenance, to_prov_json, verify_result
+from medomni_cas.audit.derived import check_answer_columns
 from medomni_cas.audit.diff import render_text as diff_text
 from medomni_cas.audit.provenance import render_text as provenance_text
 from medomni_cas.cli._output import (
@@ -55,17 +57,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
             done = n
 
         report = verify_result(store, args.result, canonical=args.canonical, progress=tick)
+        # the answers it was scored against, made again (only over a sound closure)
+        derived = check_answer_columns(store, store.resolve(args.result)) if report.ok else []
     rate = (
         f"{report.objects:,} objects ({report.bytes:,} bytes) re-hashed in "
         f"{report.seconds:.2f} s, {report.objects_per_sec:,.0f} objects/s"
     )
-    if report.ok:
+    ok = report.ok and not derived
+    if ok:
         lines = [f"result {report.result}: ok", f"  {rate}"]
     else:
-        lines = [f"result {report.result}: {len(report.problems)} problem(s)", f"  {rate}"]
+        n = len(report.problems) + len(derived)
+        lines = [f"result {report.result}: {n} problem(s)", f"  {rate}"]
         lines += [f"  {p.kind}: {p.message}" for p in report.problems]
-    emit(args, to_builtins(report), lines)
-    return EXIT_OK if report.ok else EXIT_PROBLEM
+        lines += [f"  derived: {d}" for d in derived]
+    data = {**to_builtins(report), "ok": ok, "derived": derived}
+    emit(args, data, lines)
+    return EXIT_OK if ok else EXIT_PROBLEM
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
