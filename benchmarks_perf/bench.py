@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import io
 import os
 import platform
 import shlex
@@ -46,14 +45,15 @@ import pyarrow as pa
 import medomni_cas as mc
 from benchmarks_perf._table import Row, render
 from benchmarks_perf.bench_score import bench_scoring
-from medomni_cas.bench.harness import PREDICTION_COLUMNS, run_states
+from medomni_cas.bench.columns import PREDICTION_SCHEMA, put_columns
+from medomni_cas.bench.harness import run_states
 from medomni_cas.bench.records import (
     AgentBlock,
     AgentConfig,
     JobRecord,
     Limits,
+    PredictionColumns,
     PredictionRecord,
-    PredictionTable,
     Result,
     RunRecord,
     RunSlot,
@@ -237,11 +237,8 @@ def build_runs(path: Path, sizes: Sizes) -> Runs:
             for slot, rid in zip(slots, run_ids, strict=True):
                 if not store.backend.ref_update(slot_ref(slot), None, rid, b""):
                     raise RuntimeError(f"slot {slot} written twice")
-            table = _run_table(runs, agent_cfg.name, arm, rep)
             pt = store.put(
-                PredictionTable(
-                    rows=2 * len(runs), columns=PREDICTION_COLUMNS, table=store.put_blob(table)
-                )
+                PredictionColumns(rows=2 * len(runs), columns=put_columns(store, _columns(runs)))
             )
             job_ids.append(
                 store.put(
@@ -293,64 +290,25 @@ def build_runs(path: Path, sizes: Sizes) -> Runs:
     return Runs(store, agent, jobs, result, objects)
 
 
-def _run_table(runs: list[RunRecord], agent: str, arm: str, rep: int) -> bytes:
-    """A job's prediction table as Arrow IPC, in the harness's columns (two rows a run)."""
+def _columns(runs: list[RunRecord]) -> dict[str, pa.Array]:
+    """A job's predictions as the harness stores them (two rows a run: two targets)."""
     n = 2 * len(runs)
     cols: dict[str, list[Any]] = {
-        "run_id": [r.run_id for r in runs for _ in (0, 1)],
-        "slot": [r.slot for r in runs for _ in (0, 1)],
         "atom": [r.atom.hex() for r in runs for _ in (0, 1)],
         "target": ["ckd_stage", "egfr"] * len(runs),
+        "pair": [r.pair for r in runs for _ in (0, 1)],
+        "run_id": [r.run_id for r in runs for _ in (0, 1)],
+        "slot": [r.slot for r in runs for _ in (0, 1)],
         "value_text": ["G3a", None] * len(runs),
         "value_num": [None, 42.5] * len(runs),
         "intelligence": ["agent"] * n,
-        "agent": [agent] * n,
-        "arm": [arm] * n,
-        "arm_variant": [""] * n,
-        "repetition": [rep] * n,
-        "pair": [r.pair for r in runs for _ in (0, 1)],
         "config": [r.config.hex() for r in runs for _ in (0, 1)],
         "outcome": [r.outcome for r in runs for _ in (0, 1)],
         "attempt": [r.attempt for r in runs for _ in (0, 1)],
     }
-    return _ipc(_prediction_table(cols, n))
+    return {c: pa.array(v, PREDICTION_SCHEMA.field(c).type) for c, v in cols.items()}
 
 
-def _prediction_schema() -> pa.Schema:
-    # as harness._prediction_table writes it
-    return pa.schema(
-        [
-            (
-                c,
-                pa.float64()
-                if c == "value_num"
-                else pa.int32()
-                if c in ("repetition", "attempt")
-                else pa.string(),
-            )
-            for c in PREDICTION_COLUMNS
-        ]
-    )
-
-
-def _prediction_table(cols: dict[str, Any], n: int) -> pa.Table:
-    """``cols`` in the harness's schema; a column the harness has and ``cols`` has not
-    (``scores``: an agent's class probabilities, as JSON) is null throughout."""
-    schema = _prediction_schema()
-    return pa.table(
-        [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in schema], schema=schema
-    )
-
-
-def _ipc(table: pa.Table, compression: str | None = None) -> bytes:
-    sink = io.BytesIO()
-    options = pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.ipc.new_stream(sink, table.schema, options=options) as w:
-        w.write_table(table)
-    return sink.getvalue()
-
-
-# -- 1. resume ------------------------------------------------------------------------------
 def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     store, agent = runs.store, runs.agent
     n = sizes.runs

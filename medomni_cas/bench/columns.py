@@ -47,11 +47,18 @@ from medomni_cas.studio.records import AnswerKey, BuildConfig, BuildResult, SetB
 __all__ = [
     "KEY_COLUMNS",
     "PREDICTION_COLUMNS",
+    "PREDICTION_SCHEMA",
     "ArmKey",
+    "ColumnsError",
+    "KeyGroup",
+    "Truths",
     "answer_columns",
+    "answers_ref",
     "arm_key",
     "column_bytes",
+    "make_answer_columns",
     "prediction_columns",
+    "put_columns",
     "read_column",
     "read_predictions",
 ]
