@@ -47,16 +47,22 @@ def main() -> int:
     t = time.monotonic()
     built = build_set(store, SET, studio=STUDIO, bench=BENCH)
     fresh = sum(not b.cached for b in built.builds)
-    _say("build", f"{SET}: {len(built.builds)} pair x arm builds ({fresh} new) in "
-         f"{time.monotonic() - t:.1f} s; task set hash {built.task_set.hex()[:16]}")
+    _say(
+        "build",
+        f"{SET}: {len(built.builds)} pair x arm builds ({fresh} new) in "
+        f"{time.monotonic() - t:.1f} s; task set hash {built.task_set.hex()[:16]}",
+    )
 
     agent = find_agent(BENCH, "baseline")
     t = time.monotonic()
     report = run_set(store, SET, agent, runs_dir=WORK / "runs", studio=STUDIO)
     for j in report.jobs:
         _say("run", f"{j.name}: {j.ran} run, {j.skipped} already done")
-    _say("run", f"{report.ran} runs in {time.monotonic() - t:.1f} s "
-         + ("(resumed: nothing left to run)" if report.ran == 0 else ""))
+    _say(
+        "run",
+        f"{report.ran} runs in {time.monotonic() - t:.1f} s "
+        + ("(resumed: nothing left to run)" if report.ran == 0 else ""),
+    )
 
     scored = score_jobs(store, jobs_of(store, built.task_set), n_boot=1000, set_name=SET)
     files = write_results(scored, WORK / "results")
