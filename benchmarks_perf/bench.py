@@ -60,7 +60,7 @@ from medomni_cas.bench.records import (
     ScoreRow,
     slot_ids,
 )
-from medomni_cas.bench.replay import slot_ref
+from medomni_cas.bench.replay import SLOT_REFS, slot_ref
 from medomni_cas.store import encoding
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.blobs import blob_object
@@ -316,8 +316,7 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     def ours() -> int:
         found = 0
         for atoms, arm, rep in runs.jobs:
-            slots = slot_ids(atoms, agent, arm, rep)
-            got = store.refs.get_many([f"runs/slots/{s.hex()}" for s in slots])
+            got = store.refs.get_many_ids(SLOT_REFS, slot_ids(atoms, agent, arm, rep))
             found += len(got) - got.count(None)
         return found
 
@@ -357,10 +356,14 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     t_ids_def, ids_def = _median_time(ids_defined, sizes.repeats)
     if ids != ids_def:
         raise RuntimeError("slot_ids differ from the RunSlot record's hash")
-    names = [f"runs/slots/{s.hex()}" for job in ids for s in job]
+    slots = [s for job in ids for s in job]
+    names = [f"{SLOT_REFS}{s.hex()}" for s in slots]
     if names[0] != slot_ref(ids[0][0]):
         raise RuntimeError("slot ref names differ from the harness's")
-    t_get, got = _median_time(lambda: store.refs.get_many(names), sizes.repeats)
+    t_get, got = _median_time(lambda: store.refs.get_many_ids(SLOT_REFS, slots), sizes.repeats)
+    t_names, by_name = _median_time(lambda: store.refs.get_many(names), sizes.repeats)
+    if by_name != got:
+        raise RuntimeError("Refs.get_many and Refs.get_many_ids differ")
     keys = [name.encode() for name in names]
     backend = store.backend
     assert isinstance(backend, LMDBBackend)
@@ -394,7 +397,7 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             t_one,
             "1 slot at a time",
             max_value=0.2,
-            note=f"slot_ids + Refs.get_many per job ({len(runs.jobs)} jobs){reps}",
+            note=f"slot_ids + Refs.get_many_ids per job ({len(runs.jobs)} jobs){reps}",
         ),
         Row(
             f"resume: {what}, slot ids alone",
@@ -405,12 +408,20 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             note="slot_ids: the RunSlot bytes around the atom made once per job; same ids",
         ),
         Row(
-            f"resume: {what}, Refs.get_many alone",
+            f"resume: {what}, Refs.get_many_ids alone",
             t_get,
             "s",
             t_raw,
             "raw LMDB txn.get",
-            note="names checked in one pass, one read transaction",
+            note="keys made from the ids (no names), one read transaction",
+        ),
+        Row(
+            f"resume: {what}, Refs.get_many alone",
+            t_names,
+            "s",
+            t_raw,
+            "raw LMDB txn.get",
+            note="the same refs by name (names made beforehand, untimed): checked in one pass",
         ),
         Row(
             f"resume: {what}, then each run's outcome",

@@ -25,17 +25,26 @@ With ``canonical=True`` each object is also re-encoded and must be in canonical 
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
+from itertools import compress
 
 import blake3
 import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label, short
-from medomni_cas.audit._links import LINK_MARK, fast_links
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
+from medomni_cas.store._links import (
+    batch_check,
+    batch_links,
+    fast_links,
+    mismatches,
+    new_links,
+    unseen,
+)
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -55,6 +64,7 @@ CORRUPT = "corrupt"
 MISSING = "missing"
 MALFORMED = "malformed"
 _BATCH = 4096
+_FIRST_BYTE = operator.itemgetter(0)
 
 Progress = Callable[[int], None]
 
@@ -95,14 +105,18 @@ def verify_result(
     root = store.resolve(result)
     _check_root(store, root, result)
     t0 = time.perf_counter()
-    found = _walk(store, root, canonical, progress)
+    found = _walk(store, root, canonical, progress, naming=False)
     seconds = time.perf_counter() - t0
-    namer = _Namer(store, found.parent, found.bad)
-    referrers = _referrers(store, found) if found.bad else {}
-    problems = [
-        namer.problem(oid, kind, got, referrers.get(oid, []))
-        for oid, (kind, got) in found.bad.items()
-    ]
+    problems: list[VerifyProblem] = []
+    if found.bad:
+        # walked again, noting the object that first links each one: paths to name
+        named = _walk(store, root, canonical, None, naming=True)
+        namer = _Namer(store, named.parent, named.bad)
+        referrers = _referrers(store, named)
+        problems = [
+            namer.problem(oid, kind, got, referrers.get(oid, []))
+            for oid, (kind, got) in named.bad.items()
+        ]
     return VerifyReport(
         result=root.hex(),
         ok=not problems,
@@ -132,78 +146,119 @@ def _check_root(store: Store, root: ObjectId, spec: str | ObjectId) -> None:
 
 # -- the walk -----------------------------------------------------------------------------------
 class _Found:
-    def __init__(self) -> None:
-        self.parent: dict[bytes, bytes | None] = {}
+    def __init__(self, root: bytes, naming: bool) -> None:
+        # naming: the object that first links each one (None for the root), for paths;
+        # else only which ones were met (a set: about twice as fast as the dict)
+        self.parent: dict[bytes, bytes | None] = {root: None}
+        self.seen: set[bytes] = set() if naming else {root}
+        self.naming = naming
         self.bad: dict[bytes, tuple[str, str]] = {}  # id -> (kind of problem, detail)
-        self.linkers: list[bytes] = []  # objects with links: re-read to name referrers
+        # when naming, each batch's keys and the owner of each link found in it: the
+        # objects with links, read again to name referrers
+        self.read: list[tuple[list[bytes], list[int]]] = []
         self.objects = 0
         self.nbytes = 0
 
 
-def _walk(store: Store, root: ObjectId, canonical: bool, progress: Progress | None) -> _Found:
+def _walk(
+    store: Store, root: ObjectId, canonical: bool, progress: Progress | None, *, naming: bool
+) -> _Found:
     """Breadth first from ``root``; every object read and hashed once.
 
-    The loop is the cost of an audit, so it is kept to a few operations per object:
-    * each level's frontier is read in key order, which is the order LMDB (and a sorted
-      listing anywhere) keeps its pages in: about twice as fast as hash order;
-    * bytes without the link mark (blobs, leaf records: most of a result) are never decoded;
-    * links are read by `fast_links` (skips every field that cannot hold one).
+    The loop is the cost of an audit, so it works on batches, a few C-level passes each:
+    * each level's frontier is read in the order of its keys' first byte: LMDB keeps its
+      pages in key order, and reads close together in it are about 1.5x faster than in hash
+      order (a full sort gains little more on the reads and costs 3x as much);
+    * a batch is hashed in one pass and compared with its keys in one list comparison;
+    * links are read by `batch_links` (blobs and leaf records never decoded, records of one
+      kind decoded as one view of their link fields), or by `batch_check` with the
+      canonical check;
+    * links met before are dropped by set operations on the batch's links.
     """
-    found = _Found()
-    parent = found.parent
-    bad = found.bad
-    parent[root] = None
-    get_many = store.backend.get_many
-    hasher = blake3.blake3
-    mark = LINK_MARK
-    links_of = fast_links
-    linkers = found.linkers
+    found = _Found(root, naming)
     frontier: list[bytes] = [root]
-    count = nbytes = 0
     while frontier:
-        frontier.sort()
+        frontier.sort(key=_FIRST_BYTE)
         nxt: list[bytes] = []
         for i in range(0, len(frontier), _BATCH):
-            for key, data in get_many(frontier[i : i + _BATCH]):
-                if data is None:
-                    bad[key] = (MISSING, "")
-                    continue
-                count += 1
-                nbytes += len(data)
-                if hasher(data).digest() != key:
-                    bad[key] = (CORRUPT, hasher(data).hexdigest())
-                    continue
-                if canonical:
-                    try:
-                        encoding.validate_canonical(data)
-                    except InvalidObject as e:
-                        bad[key] = (MALFORMED, str(e))
-                        continue
-                if mark not in data:
-                    continue
-                linkers.append(key)
-                try:
-                    links = links_of(data)
-                except InvalidObject as e:
-                    bad[key] = (MALFORMED, f"its links cannot be read: {e}")
-                    continue
-                for link in links:
-                    if link not in parent:
-                        parent[link] = key
-                        nxt.append(link)
+            keys = frontier[i : i + _BATCH]
+            _visit(found, keys, store.backend.get_list(keys), canonical, nxt)
             if progress is not None:
-                progress(count)
+                progress(found.objects)
         frontier = nxt
-    found.objects, found.nbytes = count, nbytes
     return found
+
+
+def _visit(
+    found: _Found, keys: list[bytes], got: list[bytes | None], canonical: bool, nxt: list[bytes]
+) -> None:
+    """Check a batch; note its bad objects, and its links not met before (in ``nxt``)."""
+    keys, datas = _sound(found, keys, got)
+    ids, owners = (_checked if canonical else _linked)(found, keys, datas)
+    if not ids:
+        return
+    if found.naming:
+        found.read.append((keys, owners))
+        nxt += new_links(found.parent, keys, ids, owners)
+    else:
+        nxt += unseen(found.seen, ids, ordered=False)  # each level is sorted before it is read
+
+
+def _sound(
+    found: _Found, keys: list[bytes], got: list[bytes | None]
+) -> tuple[list[bytes], list[bytes]]:
+    """The keys and bytes of the objects read whose bytes hash to their key; the others
+    noted as missing or corrupt."""
+    datas: list[bytes] = got  # type: ignore[assignment]  # once the None are out, below
+    if None in got:
+        present = [data is not None for data in got]  # not truthiness: b"" is an object
+        for key in compress(keys, map(operator.not_, present)):
+            found.bad[key] = (MISSING, "")
+        keys, datas = list(compress(keys, present)), list(compress(got, present))  # type: ignore[arg-type]
+    found.objects += len(keys)
+    found.nbytes += sum(map(len, datas))
+    corrupt = mismatches(keys, datas)
+    if not corrupt:
+        return keys, datas
+    for j in corrupt:
+        found.bad[keys[j]] = (CORRUPT, blake3.blake3(datas[j]).hexdigest())
+    keep = [True] * len(keys)
+    for j in corrupt:
+        keep[j] = False
+    return list(compress(keys, keep)), list(compress(datas, keep))
+
+
+def _linked(found: _Found, keys: list[bytes], datas: list[bytes]) -> tuple[list[bytes], list[int]]:
+    # the owner of each link only when naming (reading them costs a fifth more)
+    ids, owners, errors = batch_links(datas, owners=found.naming)
+    for j, e in errors.items():
+        found.bad[keys[j]] = (MALFORMED, f"its links cannot be read: {e}")
+    return ids, owners
+
+
+def _checked(found: _Found, keys: list[bytes], datas: list[bytes]) -> tuple[list[bytes], list[int]]:
+    ids, owners, doubtful = batch_check(datas, owners=found.naming)
+    for j in doubtful:
+        try:
+            encoding.validate_canonical(datas[j])
+            links = fast_links(datas[j])
+        except InvalidObject as e:
+            found.bad[keys[j]] = (MALFORMED, str(e))
+            continue
+        ids += links
+        if found.naming:
+            owners += [j] * len(links)
+    return ids, owners
 
 
 def _referrers(store: Store, found: _Found) -> dict[bytes, list[bytes]]:
     """Every object that links a bad one (a shared blob is linked by many runs). Only run
     when something is wrong: it reads the objects with links a second time."""
     out: dict[bytes, list[bytes]] = {k: [] for k in found.bad}
-    for i in range(0, len(found.linkers), _BATCH):
-        for key, data in store.backend.get_many(found.linkers[i : i + _BATCH]):
+    linkers = [k for keys, owners in found.read for k in map(keys.__getitem__, set(owners))]
+    for i in range(0, len(linkers), _BATCH):
+        keys = linkers[i : i + _BATCH]
+        for key, data in zip(keys, store.backend.get_list(keys), strict=True):
             if data is None or key in found.bad:
                 continue
             for link in dict.fromkeys(fast_links(data)):

@@ -41,7 +41,7 @@ from medomni_cas.bench.records import (
     RunRecord,
     slot_ids,
 )
-from medomni_cas.bench.replay import agent_ref, slot_ref
+from medomni_cas.bench.replay import SLOT_REFS, agent_ref, slot_ref
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId, hash_bytes
@@ -485,7 +485,7 @@ def run_set(
             previous: dict[ObjectId, ObjectId | None] = {}
             # resume: one batch of ref reads per job, then only outcome and attempt of runs
             slots = slot_ids([aid for aid, _ in atoms], agent_id, arm_label, rep)
-            lasts = store.refs.get_many([slot_ref(s) for s in slots])
+            lasts = store.refs.get_many_ids(SLOT_REFS, slots)
             states = run_states(store, [r for r in lasts if r is not None])
             for (aid, atom), slot, last in zip(atoms, slots, lasts, strict=True):
                 if shard is not None and int.from_bytes(slot[:8], "big") % shard[1] != shard[0]:

@@ -24,8 +24,12 @@ def agent_ref(name: str) -> str:
     return f"bench/agents/{name}"
 
 
+#: A run slot's ref is this prefix and the slot id's hex: it points at the slot's latest run.
+SLOT_REFS = "runs/slots/"
+
+
 def slot_ref(slot: bytes) -> str:
-    return f"runs/slots/{slot.hex()}"
+    return f"{SLOT_REFS}{slot.hex()}"
 
 
 class ReplayRunner(Runner):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import compress
 from typing import Any, BinaryIO, TypeVar, overload
 
 import blake3
@@ -21,6 +22,7 @@ from medomni_cas.errors import (
     NotFound,
 )
 from medomni_cas.store import encoding
+from medomni_cas.store._links import batch_links, mismatches, unseen
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.blobs import BlobReader, put_blob
 from medomni_cas.store.encoding import BLOB, TREE, Record
@@ -310,7 +312,7 @@ class Store:
         yielded with None). A corrupt one raises `IntegrityError`.
         """
         seen: set[bytes] = set()
-        frontier: list[ObjectId] = []
+        frontier: list[bytes] = []
         for r in roots:
             oid = _as_id(r)
             if oid not in seen:
@@ -318,19 +320,46 @@ class Store:
                 frontier.append(oid)
         count = 0
         while frontier:
-            nxt: list[ObjectId] = []
-            for oid, data in self.get_raw_many(frontier, allow_missing=allow_missing):
-                count += 1
-                yield oid, data
-                if data is None:
-                    continue
-                for link in encoding.links(data):
-                    if link not in seen:
-                        seen.add(link)
-                        nxt.append(link)
+            nxt: list[bytes] = []
+            for i in range(0, len(frontier), _BATCH):
+                links: list[bytes] = []
+                for oid, data in self._walk_batch(frontier[i : i + _BATCH], allow_missing, links):
+                    count += 1
+                    yield oid, data
+                nxt += unseen(seen, links)
             if progress:
                 progress(count)
             frontier = nxt
+
+    def _walk_batch(
+        self, keys: list[bytes], allow_missing: bool, links: list[bytes]
+    ) -> Iterator[tuple[ObjectId, bytes | None]]:
+        """``(id, verified bytes or None)`` of each key, in order; then the links of the batch
+        are put in ``links`` (each object's in the order of its bytes). The batch is read,
+        hashed and its links found in a few C-level passes (`_links`), and each problem is
+        raised when its object's turn comes, as reading one object at a time would."""
+        got = self.backend.get_list(keys)
+        present = [data is not None for data in got]  # not truthiness: b"" is an object
+        datas: list[bytes] = list(compress(got, present))  # type: ignore[arg-type]
+        corrupt = set(mismatches(list(compress(keys, present)), datas))
+        found, _, errors = batch_links(datas, ordered=True)
+        j = 0
+        for key, here in zip(keys, present, strict=True):
+            oid = key if type(key) is ObjectId else id_from_digest(key)
+            if not here:
+                if not allow_missing:
+                    raise NotFound("object", oid.hex())
+                yield oid, None
+                continue
+            data = datas[j]
+            if j in corrupt:
+                raise IntegrityError(oid.hex(), blake3.blake3(data).hexdigest(), self.url)
+            if j in errors:
+                encoding.links(data)  # raises its own error for what is wrong
+                raise errors[j]
+            yield oid, data
+            j += 1
+        links += found
 
     def closure(
         self, roots: Iterable[ObjectId | str] | ObjectId | str, *, allow_missing: bool = False

@@ -37,7 +37,7 @@ Limit: the walk costs one presence round trip per level of the DAG, so a long ch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal, NamedTuple
 
 import blake3
@@ -45,6 +45,7 @@ import msgspec
 
 from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
+from medomni_cas.store._links import batch_check, mismatches
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
@@ -168,11 +169,8 @@ class _Sender:
                 part = frontier[i : i + self.read_batch]
                 i += len(part)
                 size = 0
-                for key, data in self.src.backend.get_many(part):
-                    if data is None:
-                        raise NotFound("object", f"{bytes(key).hex()} (in {self.src.url})")
+                for key, data, links in self._read(part):
                     size += len(data)
-                    links = self._check(key, data)
                     if not links:
                         self._ready(key, data)
                         continue
@@ -207,10 +205,31 @@ class _Sender:
         self._tick()
         return missing
 
+    def _read(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes, list[bytes]]]:
+        """``(key, bytes, links)`` of each key, checked (hashed, canonical): a batch at a time
+        in a few C-level passes (`_links.batch_check`), each problem raised when its object's
+        turn comes."""
+        got = self.src.backend.get_list(keys)
+        if None in got:  # not truthiness: b"" is an object
+            key = keys[next(i for i, data in enumerate(got) if data is None)]
+            raise NotFound("object", f"{bytes(key).hex()} (in {self.src.url})")
+        datas: list[bytes] = got  # type: ignore[assignment]
+        corrupt = set(mismatches(keys, datas))
+        ids, owners, unsure = batch_check(datas)
+        doubtful = set(unsure)
+        links: list[list[bytes]] = [[] for _ in keys]
+        for link, owner in zip(ids, owners, strict=True):
+            links[owner].append(link)
+        for j, (key, data) in enumerate(zip(keys, datas, strict=True)):
+            if j in corrupt:
+                got_hex = blake3.blake3(data).hexdigest()
+                raise IntegrityError(bytes(key).hex(), got_hex, self.src.url)
+            if j in doubtful:
+                links[j] = list(self._check(key, data))
+            yield key, data, list(dict.fromkeys(links[j]))
+
     def _check(self, key: bytes, data: bytes) -> list[ObjectId]:
-        got = blake3.blake3(data).digest()
-        if got != key:
-            raise IntegrityError(bytes(key).hex(), got.hex(), self.src.url)
+        """The full check of one object: `encoding.validate_canonical`, then its links."""
         try:
             encoding.validate_canonical(data)
             return encoding.links(data)

@@ -113,6 +113,9 @@ class CachedBackend(Backend):
     def ref_get_many(self, names: Sequence[str]) -> list[bytes | None]:
         return self.remote.ref_get_many(names)
 
+    def ref_get_prefixed(self, prefix: str, ids: Sequence[bytes]) -> list[bytes | None]:
+        return self.remote.ref_get_prefixed(prefix, ids)
+
     def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
         if new is not None:
             self.publish([new])
