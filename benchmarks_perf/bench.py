@@ -3,7 +3,7 @@
 Every row pairs our figure with a baseline measured in the same run on the same tmp disk:
 
 1. resume: the resume check of 100,000 run slots (10 jobs): each slot's id, then its
-   ``runs/slots/<hex>`` ref, as `slot_ids` + `Refs.get_many` per job, against the same work
+   ``runs/slots/<hex>`` ref, as `slot_digests` + `Refs.get_many_ids` per job, against the same work
    one slot at a time (the `RunSlot` record encoded and hashed, one `Refs.get` per slot);
    the ids and the ref reads alone against their definition and raw LMDB gets; and what the
    harness reads next (each final run's outcome), typed against a two-field view;
@@ -58,6 +58,7 @@ from medomni_cas.bench.records import (
     RunRecord,
     RunSlot,
     ScoreRow,
+    slot_digests,
     slot_ids,
 )
 from medomni_cas.bench.replay import SLOT_REFS, slot_ref
@@ -316,7 +317,7 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     def ours() -> int:
         found = 0
         for atoms, arm, rep in runs.jobs:
-            got = store.refs.get_many_ids(SLOT_REFS, slot_ids(atoms, agent, arm, rep))
+            got = store.refs.get_many_ids(SLOT_REFS, slot_digests(atoms, agent, arm, rep))
             found += len(got) - got.count(None)
         return found
 
@@ -332,8 +333,8 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
                 found += store.refs.get(slot_ref(slot)) is not None
         return found
 
-    def ids_only() -> list[list[ObjectId]]:
-        return [slot_ids(atoms, agent, arm, rep) for atoms, arm, rep in runs.jobs]
+    def ids_only() -> list[list[bytes]]:
+        return [slot_digests(atoms, agent, arm, rep) for atoms, arm, rep in runs.jobs]
 
     def ids_defined() -> list[list[ObjectId]]:
         return [
@@ -397,7 +398,8 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             t_one,
             "1 slot at a time",
             max_value=0.2,
-            note=f"slot_ids + Refs.get_many_ids per job ({len(runs.jobs)} jobs){reps}",
+            note=f"slot_digests + Refs.get_many_ids per job ({len(runs.jobs)} jobs), as the "
+            f"harness does{reps}",
         ),
         Row(
             f"resume: {what}, slot ids alone",
@@ -405,7 +407,8 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             "s",
             t_ids_def,
             "encode RunSlot + hash",
-            note="slot_ids: the RunSlot bytes around the atom made once per job; same ids",
+            note="slot_digests: the RunSlot bytes around the atom made once per job, one "
+            "hasher; same ids",
         ),
         Row(
             f"resume: {what}, Refs.get_many_ids alone",

@@ -39,12 +39,12 @@ from medomni_cas.bench.records import (
     JobRecord,
     PredictionRecord,
     RunRecord,
-    slot_ids,
+    slot_digests,
 )
 from medomni_cas.bench.replay import SLOT_REFS, agent_ref, slot_ref
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.errors import MedomniError
-from medomni_cas.store.ids import ObjectId, hash_bytes
+from medomni_cas.store.ids import ObjectId, hash_bytes, id_from_digest
 from medomni_cas.store.store import Store
 from medomni_cas.store.verify import verify_closure
 from medomni_cas.studio.arms import arm_builds
@@ -459,7 +459,7 @@ def run_set(
     groups: dict[tuple[str, str], list] = {}  # type: ignore[type-arg]
     for e in entries:
         groups.setdefault((e.arm, e.arm_variant), []).append(e)
-    jobs: list[tuple[Job, dict[ObjectId, ObjectId | None], list[ObjectId], ArmKey]] = []
+    jobs: list[tuple[Job, dict[ObjectId, ObjectId | None], list[bytes], ArmKey]] = []
     checks: dict[ObjectId, FormatCheck] = {}
     for (arm, variant), group in groups.items():
         encoders = builds[arm].encoders if arm in builds else "none"
@@ -484,7 +484,7 @@ def run_set(
             )
             previous: dict[ObjectId, ObjectId | None] = {}
             # resume: one batch of ref reads per job, then only outcome and attempt of runs
-            slots = slot_ids([aid for aid, _ in atoms], agent_id, arm_label, rep)
+            slots = slot_digests([aid for aid, _ in atoms], agent_id, arm_label, rep)
             lasts = store.refs.get_many_ids(SLOT_REFS, slots)
             states = run_states(store, [r for r in lasts if r is not None])
             for (aid, atom), slot, last in zip(atoms, slots, lasts, strict=True):
@@ -499,6 +499,7 @@ def run_set(
                 check = checks.get(atom.format_check)
                 if check is None:
                     check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
+                slot = id_from_digest(slot)  # only a slot that runs needs its id
                 job.trials.append(TrialSpec(slot, attempt, aid, atom, check))
                 previous[slot] = last
             jobs.append((job, previous, slots, key))
@@ -526,7 +527,7 @@ def _run_job(
     impl: Runner,
     job: Job,
     previous: dict[ObjectId, ObjectId | None],
-    slots: list[ObjectId],
+    slots: list[bytes],
     key: ArmKey,
     runs_dir: Path,
     claim_timeout: float,
@@ -606,10 +607,5 @@ def _run_job(
     return JobReport(job.name, jid, runs_dir / job.name, len(slots), ran, len(slots) - ran, infra)
 
 
-def _final_runs(store: Store, slots: list[ObjectId]) -> list[ObjectId]:
-    out = []
-    for slot in slots:
-        rid = store.refs.get(slot_ref(slot))
-        if rid is not None:
-            out.append(rid)
-    return out
+def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
+    return [rid for rid in store.refs.get_many_ids(SLOT_REFS, slots) if rid is not None]

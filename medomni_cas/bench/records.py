@@ -42,6 +42,7 @@ __all__ = [
     "RunRecord",
     "RunSlot",
     "ScoreRow",
+    "slot_digests",
     "slot_id",
     "slot_ids",
 ]
@@ -142,24 +143,32 @@ def slot_id(atom: ObjectId, agent_config: ObjectId, arm_variant: str, repetition
     return _slot_id(atom, agent_config, arm_variant, repetition)
 
 
-def slot_ids(
+def slot_digests(
     atoms: Iterable[ObjectId], agent_config: ObjectId, arm_variant: str, repetition: int
-) -> list[ObjectId]:
-    """`slot_id` of each atom for one agent config, arm variant and repetition (a job)."""
+) -> list[bytes]:
+    """`slot_ids` as plain 32-byte digests: the resume check of a job's slots needs no
+    `ObjectId` for slots that are done, and skips making one for each."""
     atoms = list(atoms)
     if not _plain(agent_config, arm_variant, repetition) or set(map(type, atoms)) - {ObjectId}:
-        return [slot_id(a, agent_config, arm_variant, repetition) for a in atoms]
+        return [bytes(slot_id(a, agent_config, arm_variant, repetition)) for a in atoms]
     head, tail = _slot_frame(agent_config, arm_variant, repetition)
     # one hasher, reset after each slot: a new one per slot costs a quarter of the time
     hasher = blake3.blake3()
     update, digest, reset = hasher.update, hasher.digest, hasher.reset
-    digests = []  # digests first, ids after: plain bytes are not tracked by the GC
+    digests = []
     keep = digests.append
     for a in atoms:
         update(head + a + tail)
         keep(digest())
         reset()
-    return list(map(_wrap_id, digests))
+    return digests
+
+
+def slot_ids(
+    atoms: Iterable[ObjectId], agent_config: ObjectId, arm_variant: str, repetition: int
+) -> list[ObjectId]:
+    """`slot_id` of each atom for one agent config, arm variant and repetition (a job)."""
+    return list(map(_wrap_id, slot_digests(atoms, agent_config, arm_variant, repetition)))
 
 
 class EncoderServed(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
