@@ -581,7 +581,8 @@ def _heads(datas: Sequence[bytes]) -> list[bytes]:
 
 
 # headers met in the last batch, the most frequent first: a batch's objects are tried
-# against each in turn, one C-level pass per header (a walk meets few kinds at a time)
+# against each in turn, one C-level pass per header (a walk meets few kinds at a time). A
+# hint only, like a cache: which objects share a header never depends on it
 _recent: list[bytes] = []
 _Group = tuple[bytes, list[int], list[bytes]]
 
