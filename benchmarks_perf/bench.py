@@ -28,11 +28,10 @@ import os
 import platform
 import shlex
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ import pyarrow as pa
 
 import medomni_cas as mc
 from benchmarks_perf._table import Row, render
+from benchmarks_perf._timing import median_time, timed
 from benchmarks_perf.bench_score import bench_scoring
 from medomni_cas.bench.columns import PREDICTION_SCHEMA, put_columns
 from medomni_cas.bench.harness import run_states
@@ -115,20 +115,6 @@ class BenchAtom(Record, kw_only=True):
     pair: str
     arm: str
     index: int
-
-
-def _timed(fn: Callable[[], object]) -> tuple[float, Any]:
-    t = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t, out
-
-
-def _median_time(fn: Callable[[], object], repeats: int) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeats):
-        t, out = _timed(fn)
-        times.append(t)
-    return statistics.median(times), out
 
 
 def _open(path: Path) -> mc.Store:
@@ -349,20 +335,20 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             for atoms, arm, rep in runs.jobs
         ]
 
-    t_ours, found = _median_time(ours, sizes.repeats)
-    t_one, found_one = _median_time(one_by_one, sizes.repeats)
+    t_ours, found = median_time(ours, sizes.repeats)
+    t_one, found_one = median_time(one_by_one, sizes.repeats)
     if found != n or found_one != n:
         raise RuntimeError(f"resume found {found} and {found_one} of {n} slots")
-    t_ids, ids = _median_time(ids_only, sizes.repeats)
-    t_ids_def, ids_def = _median_time(ids_defined, sizes.repeats)
+    t_ids, ids = median_time(ids_only, sizes.repeats)
+    t_ids_def, ids_def = median_time(ids_defined, sizes.repeats)
     if ids != ids_def:
         raise RuntimeError("slot_ids differ from the RunSlot record's hash")
     slots = [s for job in ids for s in job]
     names = [f"{SLOT_REFS}{s.hex()}" for s in slots]
     if names[0] != slot_ref(ids[0][0]):
         raise RuntimeError("slot ref names differ from the harness's")
-    t_get, got = _median_time(lambda: store.refs.get_many_ids(SLOT_REFS, slots), sizes.repeats)
-    t_names, by_name = _median_time(lambda: store.refs.get_many(names), sizes.repeats)
+    t_get, got = median_time(lambda: store.refs.get_many_ids(SLOT_REFS, slots), sizes.repeats)
+    t_names, by_name = median_time(lambda: store.refs.get_many(names), sizes.repeats)
     if by_name != got:
         raise RuntimeError("Refs.get_many and Refs.get_many_ids differ")
     keys = [name.encode() for name in names]
@@ -374,15 +360,15 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             get = txn.get
             return [get(k) for k in keys]
 
-    t_raw, raw = _median_time(raw_get, sizes.repeats)
+    t_raw, raw = median_time(raw_get, sizes.repeats)
     if [bytes(g) if g else None for g in got] != raw:
         raise RuntimeError("Refs.get_many differs from raw LMDB gets")
     run_ids = [g for g in got if g is not None]
-    t_typed, done_typed = _median_time(
+    t_typed, done_typed = median_time(
         lambda: sum(r.outcome == "answered" for _, r in store.get_many(run_ids, RunRecord)),
         sizes.repeats,
     )
-    t_view, done_view = _median_time(
+    t_view, done_view = median_time(
         lambda: sum(o == "answered" for o, _ in run_states(store, run_ids).values()),
         sizes.repeats,
     )
@@ -460,8 +446,8 @@ def bench_audit(runs: Runs, sizes: Sizes) -> list[Row]:
     def ours() -> FsckReport:
         return verify_closure(store, [runs.result])
 
-    t_raw, bad = _median_time(raw, sizes.repeats)
-    t_ours, report = _median_time(ours, sizes.repeats)
+    t_raw, bad = median_time(raw, sizes.repeats)
+    t_ours, report = median_time(ours, sizes.repeats)
     if bad or not report.ok or report.objects != n:
         raise RuntimeError(f"audit: {bad} bad, report {report.objects} of {n}: {report.problems}")
     what = f"{sizes.runs:,} runs, {n:,} objects"
@@ -486,7 +472,7 @@ def bench_audit(runs: Runs, sizes: Sizes) -> list[Row]:
     ]
     verify_result = _optional("medomni_cas.audit.verify", "verify_result")
     if verify_result is not None:
-        t_audit, _ = _median_time(lambda: verify_result(store, runs.result), sizes.repeats)
+        t_audit, _ = median_time(lambda: verify_result(store, runs.result), sizes.repeats)
         rows.append(
             Row(
                 "audit: medomni_cas.audit verify_result",
@@ -537,7 +523,7 @@ def main(argv: Sequence[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="medomni-bench-", dir="/tmp") as d:
         tmp = Path(d)
         if parts & {"resume", "audit"}:
-            t, runs = _timed(lambda: build_runs(tmp / "runs", sizes))
+            t, runs = timed(lambda: build_runs(tmp / "runs", sizes))
             print(f"built {sizes.runs:,} runs ({runs.objects:,} objects) in {t:.0f} s")
             if "resume" in parts:
                 rows += bench_resume(runs, sizes)

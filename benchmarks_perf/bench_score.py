@@ -23,9 +23,6 @@ Every way's scores are checked equal to the others'.
 from __future__ import annotations
 
 import shutil
-import statistics
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +34,7 @@ import pyarrow.compute as pc
 
 import medomni_cas as mc
 from benchmarks_perf._table import Row
+from benchmarks_perf._timing import median_time, timed
 from medomni_cas.bench.columns import (
     PREDICTION_COLUMNS,
     answer_columns,
@@ -85,20 +83,6 @@ class ScoreSet:
     set_build: ObjectId
     jobs: list[ObjectId]
     rows: int
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t, out
-
-
-def _median(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeats):
-        t, out = _timed(fn)
-        times.append(t)
-    return statistics.median(times), out
 
 
 def _id(rng: np.random.Generator) -> ObjectId:
@@ -304,23 +288,23 @@ def _check(ours: list[tuple[Any, ...]], other: list[tuple[Any, ...]], what: str)
 
 def bench_scoring(tmp: Path, sizes: ScoreSizes) -> list[Row]:
     path = tmp / "score"
-    t_build, s = _timed(lambda: build_scoring(path, sizes))
+    t_build, s = timed(lambda: build_scoring(path, sizes))
     store, n_rows = s.store, s.rows
     print(f"built {len(s.jobs)} jobs of {sizes.rows_per_job:,} rows in {t_build:.0f} s")
     what = f"{n_rows:,} rows"
     reps = f", median of {sizes.repeats}" if sizes.repeats > 1 else ""
 
-    t_cold, first = _timed(lambda: score_jobs(store, s.jobs, n_boot=0))
+    t_cold, first = timed(lambda: score_jobs(store, s.jobs, n_boot=0))
     arms = min(ARMS, len(s.jobs))
     for a in range(arms):  # the answer columns are kept
         assert store.refs.get(answers_ref(s.set_build, f"arm{a}")) is not None
-    t_warm, scored = _median(lambda: score_jobs(store, s.jobs, n_boot=0), sizes.repeats)
+    t_warm, scored = median_time(lambda: score_jobs(store, s.jobs, n_boot=0), sizes.repeats)
     if scored.result != first.result:
         raise RuntimeError("a second score gave another result")
 
     sub = s.jobs[: sizes.python_jobs]
     sub_rows = sizes.python_jobs * sizes.rows_per_job
-    t_py, py = _timed(lambda: score_python(store, sub))
+    t_py, py = timed(lambda: score_python(store, sub))
     sub_scored = score_jobs(store, sub, n_boot=0)
     ours = sorted(
         (r.pair, r.target, round(r.value or 0.0, 12), r.n) for r in sub_scored.record.rows
@@ -329,7 +313,7 @@ def bench_scoring(tmp: Path, sizes: ScoreSizes) -> list[Row]:
     _check(ours, theirs, "the plain-Python loop")
 
     older = [_as_one_blob(store, j) for j in sub]
-    t_join, joined = _median(lambda: score_jobs(store, older, n_boot=0), sizes.repeats)
+    t_join, joined = median_time(lambda: score_jobs(store, older, n_boot=0), sizes.repeats)
     _check(_scores(joined.record.rows), _scores(sub_scored.record.rows), "the join")
 
     read = 0
