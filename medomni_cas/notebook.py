@@ -44,6 +44,7 @@ from medomni_cas.store._html import esc, grid, id_html, kv_table, value_html
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.store.url import open_store
+from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
 from medomni_cas.studio.records import AtomTask, BuildResult, SetBuild, SetEntry, TaskSetRecord
 from medomni_cas.studio.tasksets import build_set, set_build_ref, show_set
@@ -157,10 +158,6 @@ def _df(table: pa.Table) -> pd.DataFrame:
     return table.to_pandas()
 
 
-def _arm_label(arm: str, variant: str) -> str:
-    return arm + (f".{variant}" if variant else "")
-
-
 def _text_table(columns: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> str:
     widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
     lines = [columns, *rows]
@@ -241,7 +238,7 @@ class TaskSetView:
         if not self.entries:
             return "\n".join(head)
         rows = [
-            [e.pair, e.version, _arm_label(e.arm, e.arm_variant), e.config.short]
+            [e.pair, e.version, arm_label(e.arm, e.arm_variant), e.config.short]
             for e in self.entries
         ]
         return "\n".join(head) + "\n" + _text_table(["pair", "version", "arm", "config"], rows)
@@ -262,7 +259,7 @@ class TaskSetView:
             [
                 esc(e.pair),
                 esc(e.version),
-                esc(_arm_label(e.arm, e.arm_variant)),
+                esc(arm_label(e.arm, e.arm_variant)),
                 id_html(e.config),
                 id_html(e.result),
             ]
@@ -307,7 +304,7 @@ class ResultView:
         return [
             [
                 s.agent,
-                _arm_label(s.arm, s.arm_variant),
+                arm_label(s.arm, s.arm_variant),
                 s.pair,
                 s.target,
                 s.metric,

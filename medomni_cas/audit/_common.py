@@ -7,6 +7,7 @@ from medomni_cas.errors import MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.studio.arms import arm_label
 
 __all__ = ["AuditError", "arm_label", "load_result", "resolve_result", "short", "split_pair"]
 
@@ -23,11 +24,6 @@ def short(oid: ObjectId | bytes | str | None) -> str:
         return "-"
     text = oid if isinstance(oid, str) else bytes(oid).hex()
     return text[:SHORT]
-
-
-def arm_label(arm: str, variant: str = "") -> str:
-    """``<arm>`` or ``<arm>.<variant>``, as run folders and run slots write it."""
-    return arm + (f".{variant}" if variant else "")
 
 
 def split_pair(pair: str) -> tuple[str, str]:

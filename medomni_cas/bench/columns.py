@@ -42,6 +42,7 @@ from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store.encoding import Record
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.records import AnswerKey, BuildConfig, BuildResult, SetBuild, SetEntry
 
 __all__ = [
@@ -128,7 +129,7 @@ class ArmKey:
 
     @property
     def label(self) -> str:
-        return self.arm + (f".{self.arm_variant}" if self.arm_variant else "")
+        return arm_label(self.arm, self.arm_variant)
 
     @property
     def rows(self) -> int:
@@ -200,8 +201,7 @@ def arm_key(store: Store, set_build: ObjectId, arm: str, arm_variant: str = "") 
     sb = store.get(set_build, SetBuild)
     entries = [e for e in sb.entries if (e.arm, e.arm_variant) == (arm, arm_variant)]
     if not entries:
-        label = arm + (f".{arm_variant}" if arm_variant else "")
-        raise ColumnsError(f"set build {set_build} has no arm {label}")
+        raise ColumnsError(f"set build {set_build} has no arm {arm_label(arm, arm_variant)}")
     groups: list[KeyGroup] = []
     start = 0
     configs: dict[ObjectId, BuildConfig] = {}
@@ -442,8 +442,7 @@ def answer_columns(
     truths: Truths | None = None,
 ) -> tuple[ObjectId, AnswerColumns]:
     """The arm's `AnswerColumns`: the one the store keeps for it, else made and kept."""
-    label = arm + (f".{arm_variant}" if arm_variant else "")
-    ref = answers_ref(set_build, label)
+    ref = answers_ref(set_build, arm_label(arm, arm_variant))
     aid = store.refs.get(ref)
     if aid is not None:
         found = store.get(aid, AnswerColumns)

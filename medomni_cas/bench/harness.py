@@ -47,7 +47,7 @@ from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId, hash_bytes, id_from_digest
 from medomni_cas.store.store import Store
 from medomni_cas.store.verify import verify_closure
-from medomni_cas.studio.arms import arm_builds
+from medomni_cas.studio.arms import arm_builds, arm_label
 from medomni_cas.studio.folders import load_dataset
 from medomni_cas.studio.records import (
     SCORES_KEY,
@@ -173,7 +173,7 @@ def _check_built(
             check = checks.get(atom.format_check)
             if check is None:
                 check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
-            where = f"{e.pair} {atom.arm}{'.' + atom.arm_variant if atom.arm_variant else ''}"
+            where = f"{e.pair} {arm_label(atom.arm, atom.arm_variant)}"
             if not check.targets:
                 problems.append(f"{where}: atom {aid}: the format check names no target")
                 continue
@@ -463,7 +463,7 @@ def run_set(
     checks: dict[ObjectId, FormatCheck] = {}
     for (arm, variant), group in groups.items():
         encoders = builds[arm].encoders if arm in builds else "none"
-        arm_label = arm + (f".{variant}" if variant else "")
+        label = arm_label(arm, variant)
         atoms: list[tuple[ObjectId, AtomTask]] = []
         for e in group:
             atoms += built[e.result]
@@ -484,7 +484,7 @@ def run_set(
             )
             previous: dict[ObjectId, ObjectId | None] = {}
             # resume: one batch of ref reads per job, then only outcome and attempt of runs
-            slots = slot_digests([aid for aid, _ in atoms], agent_id, arm_label, rep)
+            slots = slot_digests([aid for aid, _ in atoms], agent_id, label, rep)
             lasts = store.refs.get_many_ids(SLOT_REFS, slots)
             states = run_states(store, [r for r in lasts if r is not None])
             for (aid, atom), slot, last in zip(atoms, slots, lasts, strict=True):
@@ -504,7 +504,7 @@ def run_set(
                 previous[slot] = last
             jobs.append((job, previous, slots, key))
             if job.trials:
-                problems += [f"{arm_label} r{rep}: {p}" for p in impl.check(job)]
+                problems += [f"{label} r{rep}: {p}" for p in impl.check(job)]
     if problems:
         raise CheckFailed(sorted(dict.fromkeys(problems)))
 

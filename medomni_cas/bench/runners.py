@@ -20,6 +20,7 @@ from medomni_cas.bench.records import AgentConfig, EncoderServed
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.records import AtomTask, FormatCheck
 
 __all__ = [
@@ -70,7 +71,7 @@ class Job:
 
     @property
     def arm_label(self) -> str:
-        return self.arm + (f".{self.arm_variant}" if self.arm_variant else "")
+        return arm_label(self.arm, self.arm_variant)
 
 
 @dataclass

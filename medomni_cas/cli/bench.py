@@ -26,6 +26,7 @@ from medomni_cas.cli._output import (
 )
 from medomni_cas.cli._progress import bar
 from medomni_cas.cli.studio import shard_arg
+from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.tasksets import show_set
 from medomni_cas.workspace import Workspace, load_workspace
 
@@ -126,7 +127,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     )
     lines = [head]
     for r in rows:
-        arm = r.arm + (f".{r.arm_variant}" if r.arm_variant else "")
+        arm = arm_label(r.arm, r.arm_variant)
         lines.append(
             f"{r.agent:<16} {arm:<24} {r.pair:<32} {r.target:<12} {r.metric:<10} "
             f"{_fmt(r.value):>7}  [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]"

@@ -17,6 +17,7 @@ from medomni_cas.cli._output import (
     to_builtins,
 )
 from medomni_cas.cli._progress import bar
+from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
 from medomni_cas.studio.build import Built, build_pair
 from medomni_cas.studio.folders import find_template, load_template
@@ -54,7 +55,7 @@ def _built_row(b: Built) -> dict[str, Any]:
 
 
 def _built_line(b: Built) -> str:
-    arm = b.arm + (f".{b.variant}" if b.variant else "")
+    arm = arm_label(b.arm, b.variant)
     state = "unchanged" if b.cached else "built"
     return f"{b.pair:<36} {arm:<28} config {b.config.hex()[:12]}  {b.result.hex()[:12]}  {state}"
 
@@ -172,7 +173,7 @@ def cmd_taskset_show(args: argparse.Namespace) -> int:
     else:
         lines.append(f"  build    {view.build.hex()}")
         for e in view.entries:
-            arm = e.arm + (f".{e.arm_variant}" if e.arm_variant else "")
+            arm = arm_label(e.arm, e.arm_variant)
             lines.append(f"    {e.pair:<34} {e.version:<6} {arm:<28} {e.config.hex()[:12]}")
     emit(args, to_builtins(data), lines)
     return EXIT_OK
@@ -213,7 +214,7 @@ def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
     ok = all(r.ok for r in rows)
     lines = [f"task set {name}: " + ("every id matches" if ok else "some ids differ")]
     for r in rows:
-        arm = r.arm + (f".{r.arm_variant}" if r.arm_variant else "")
+        arm = arm_label(r.arm, r.arm_variant)
         detail = f" ({r.detail})" if r.detail else ""
         lines.append(f"  {r.pair:<34} {arm:<28} {r.status}{detail}")
     data = {"name": name, "ok": ok, "pairs": [to_builtins(r) for r in rows]}

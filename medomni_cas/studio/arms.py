@@ -26,6 +26,7 @@ __all__ = [
     "Variant",
     "arm_build",
     "arm_builds",
+    "arm_label",
     "arm_descriptions",
     "reset_registry",
 ]
@@ -34,6 +35,11 @@ BUILDER = "medomni-v1"
 ARMS_GROUP = "medomni.arms"
 ARM_BUILDS_GROUP = "medomni.arm_builds"
 PERCEPTION_URL = "http://perception:8899"
+
+
+def arm_label(arm: str, variant: str = "") -> str:
+    """``<arm>`` or ``<arm>.<variant>``: how run slots, run folders and refs name an arm."""
+    return arm + (f".{variant}" if variant else "")
 
 
 class ArmError(MedomniError, ValueError):

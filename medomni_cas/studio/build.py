@@ -29,7 +29,7 @@ import pyarrow as pa
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
-from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build
+from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build, arm_label
 from medomni_cas.studio.arrays import array_digest
 from medomni_cas.studio.evidence import BuildError, Selection, evidence_files, select_cohort
 from medomni_cas.studio.folders import TemplateFolder, find_template, load_template
@@ -315,7 +315,7 @@ def _render(
 
 # -- the entry point ------------------------------------------------------------------------
 def pair_ref(pair: str, arm: str, variant: str = "") -> str:
-    return f"studio/pairs/{pair}/{arm}" + (f".{variant}" if variant else "")
+    return f"studio/pairs/{pair}/{arm_label(arm, variant)}"
 
 
 def build_pair(
