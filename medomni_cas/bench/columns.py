@@ -61,6 +61,7 @@ __all__ = [
     "prediction_columns",
     "put_columns",
     "read_column",
+    "read_or_nulls",
     "read_predictions",
 ]
 
@@ -273,6 +274,14 @@ def read_column(store: Store, blob: ObjectId, name: str, *, plain: bool = True) 
     return array
 
 
+def read_or_nulls(
+    store: Store, columns: dict[str, ObjectId], name: str, rows: int, typ: pa.DataType
+) -> pa.Array:
+    """Column ``name`` of a table of ``columns``: a column not stored is null in every row."""
+    blob = columns.get(name)
+    return pa.nulls(rows, typ) if blob is None else read_column(store, blob, name)
+
+
 # -- a job's predictions --------------------------------------------------------------------
 def prediction_columns(
     store: Store, key: ArmKey, runs: Sequence[RunRecord], intelligence: str
@@ -341,10 +350,8 @@ def read_predictions(store: Store, job: JobRecord) -> pa.Table:
     for field in PREDICTION_SCHEMA:
         if field.name in _FROM_JOB:
             arrays.append(pa.array([constant[field.name]] * n, field.type))
-        elif field.name in record.columns:
-            arrays.append(read_column(store, record.columns[field.name], field.name))
         else:
-            arrays.append(pa.nulls(n, field.type))
+            arrays.append(read_or_nulls(store, record.columns, field.name, n, field.type))
     table = pa.Table.from_arrays(arrays, schema=PREDICTION_SCHEMA)
     return table.filter(table["run_id"].is_valid())
 

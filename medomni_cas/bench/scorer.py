@@ -26,7 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from medomni_cas.bench.columns import Truths, answer_columns, read_column, read_predictions
+from medomni_cas.bench.columns import (
+    Truths,
+    answer_columns,
+    read_column,
+    read_or_nulls,
+    read_predictions,
+)
 from medomni_cas.bench.metrics import score as metric_score
 from medomni_cas.bench.records import (
     AgentConfig,
@@ -115,16 +121,13 @@ def _answers(
     store: Store, set_build: ObjectId, arm: str, arm_variant: str, truths: Truths
 ) -> _Answers:
     aid, record = answer_columns(store, set_build, arm, arm_variant, truths)
-    n = record.rows
-
-    def column(name: str, typ: pa.DataType) -> pa.Array:
-        blob = record.columns.get(name)
-        return pa.nulls(n, typ) if blob is None else read_column(store, blob, name)
-
-    return _Answers(aid, record, column("truth_text", pa.string()), column("truth_num", _F64))
-
-
-_F64 = pa.float64()
+    cols, n = record.columns, record.rows
+    return _Answers(
+        aid,
+        record,
+        read_or_nulls(store, cols, "truth_text", n, pa.string()),
+        read_or_nulls(store, cols, "truth_num", n, pa.float64()),
+    )
 
 
 @dataclass
@@ -148,16 +151,20 @@ def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Prediction
         and record.rows == key.rows
         and all(record.columns.get(c) == key.columns[c] for c in ("atom", "target"))
     ):
-        kinds = {g.numeric for g in key.groups}
-        wanted = {"attempt"} | ({"value_num"} if True in kinds else set())
-        wanted |= {"value_text", "scores"} if False in kinds else set()
-        got = {
-            c: read_column(store, record.columns[c], c) if c in record.columns else None
-            for c in ("value_text", "value_num", "attempt", "scores")
-            if c in wanted
-        }
+        # only the columns the groups score (text targets: answers and class probabilities)
+        numeric = any(g.numeric for g in key.groups)
+        text = not all(g.numeric for g in key.groups)
+
+        def column(name: str, needed: bool) -> pa.Array | None:
+            blob = record.columns.get(name) if needed else None
+            return None if blob is None else read_column(store, blob, name)
+
         return _Predictions(
-            got.get("value_text"), got.get("value_num"), got.get("attempt"), got.get("scores"), None
+            column("value_text", text),
+            column("value_num", numeric),
+            column("attempt", True),
+            column("scores", text),
+            None,
         )
     table = read_predictions(store, job)
     joined = answers.key(store).join(
