@@ -22,8 +22,11 @@ def test_bench_benchmark_quick_prints_a_table() -> None:
     for name in (
         "resume: 4,000 slots, slot ids + refs",
         "resume: 4,000 slots, Refs.get_many alone",
-        "audit: verify_closure of a result",
-        "audit: verify_closure vs raw reads",
+        "audit: medomni audit verify (verify_result; 4,000 runs",
+        "audit: verify_result vs raw reads",
+        "audit: verify_result, one process (--jobs 1)",
+        "audit: verify_closure of the result",
+        "audit: verify_closure, one process (jobs=1)",
         "score: 80,000 rows from the store",
         "plain-Python loop",
         "score: 80,000 rows, first score of the set",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable
-from itertools import compress
 
 import blake3
 import msgspec
@@ -37,14 +36,10 @@ from medomni_cas.audit._common import AuditError, arm_label, short
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
-from medomni_cas.store._links import (
-    batch_check,
-    batch_links,
-    fast_links,
-    mismatches,
-    new_links,
-    unseen,
-)
+from medomni_cas.store._checks import BatchChecker, Findings
+from medomni_cas.store._helpers import BATCH as _BATCH
+from medomni_cas.store._helpers import Helpers
+from medomni_cas.store._links import fast_links, new_links, unseen
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -63,7 +58,6 @@ __all__ = ["CORRUPT", "MALFORMED", "MISSING", "VerifyProblem", "VerifyReport", "
 CORRUPT = "corrupt"
 MISSING = "missing"
 MALFORMED = "malformed"
-_BATCH = 4096
 _FIRST_BYTE = operator.itemgetter(0)
 
 Progress = Callable[[int], None]
@@ -91,6 +85,7 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     seconds: float
     objects_per_sec: float
     problems: list[VerifyProblem]
+    processes: int = 1  # processes that re-hashed (helpers that shared the work, and this one)
 
 
 def verify_result(
@@ -99,13 +94,16 @@ def verify_result(
     *,
     canonical: bool = False,
     progress: Progress | None = None,
+    jobs: int | None = None,
 ) -> VerifyReport:
     """Re-hash every object reachable from ``result`` (an id, a unique prefix or a ref name);
-    see the module docstring. ``progress`` gets the number of objects checked so far."""
+    see the module docstring. ``progress`` gets the number of objects checked so far;
+    ``jobs`` is how many processes may share the work (default: one per core, up to 4; 1:
+    this process only)."""
     root = store.resolve(result)
     _check_root(store, root, result)
     t0 = time.perf_counter()
-    found = _walk(store, root, canonical, progress, naming=False)
+    found = _walk(store, root, canonical, progress, naming=False, jobs=jobs)
     seconds = time.perf_counter() - t0
     problems: list[VerifyProblem] = []
     if found.bad:
@@ -125,6 +123,7 @@ def verify_result(
         seconds=seconds,
         objects_per_sec=found.objects / seconds if seconds > 0 else 0.0,
         problems=problems,
+        processes=1 + found.helped,
     )
 
 
@@ -158,97 +157,59 @@ class _Found:
         self.read: list[tuple[list[bytes], list[int]]] = []
         self.objects = 0
         self.nbytes = 0
+        self.helped = 0  # helper processes that checked part of it
 
 
 def _walk(
-    store: Store, root: ObjectId, canonical: bool, progress: Progress | None, *, naming: bool
+    store: Store,
+    root: ObjectId,
+    canonical: bool,
+    progress: Progress | None,
+    *,
+    naming: bool,
+    jobs: int | None = None,
 ) -> _Found:
     """Breadth first from ``root``; every object read and hashed once.
 
-    The loop is the cost of an audit, so it works on batches, a few C-level passes each:
-    * each level's frontier is read in the order of its keys' first byte: LMDB keeps its
-      pages in key order, and reads close together in it are about 1.5x faster than in hash
-      order (a full sort gains little more on the reads and costs 3x as much);
-    * a batch is hashed in one pass and compared with its keys in one list comparison;
-    * links are read by `batch_links` (blobs and leaf records never decoded, records of one
-      kind decoded as one view of their link fields), or by `batch_check` with the
-      canonical check;
-    * links met before are dropped by set operations on the batch's links.
+    The loop is the cost of an audit, so it works on batches, a few C-level passes each
+    (`medomni_cas.store._checks`), and shares its big levels with helper processes when the
+    store allows it (`medomni_cas.store._helpers`; not when naming, which is only run after
+    something was found wrong). Each level's frontier is read in the order of its keys'
+    first byte: LMDB keeps its pages in key order, and reads close together in it are about
+    1.5x faster than in hash order (a full sort gains little more on the reads and costs 3x
+    as much). Links met before are dropped by set operations on the batch's links.
     """
     found = _Found(root, naming)
+    check = BatchChecker(canonical)
     frontier: list[bytes] = [root]
-    while frontier:
-        frontier.sort(key=_FIRST_BYTE)
-        nxt: list[bytes] = []
-        for i in range(0, len(frontier), _BATCH):
-            keys = frontier[i : i + _BATCH]
-            _visit(found, keys, store.backend.get_list(keys), canonical, nxt)
-            if progress is not None:
-                progress(found.objects)
-        frontier = nxt
+    with Helpers(store.backend, canonical, 1 if naming else jobs) as helpers:
+        while frontier:
+            frontier.sort(key=_FIRST_BYTE)
+            nxt: list[bytes] = []
+            for f in helpers.check(frontier, check, store.backend.get_list, owners=naming):
+                _note(found, f, canonical)
+                if naming and f.links:
+                    found.read.append((f.sound, f.owners))
+                    nxt += new_links(found.parent, f.sound, f.links, f.owners)
+                elif f.links:  # in no order: each level is sorted before it is read
+                    nxt += unseen(found.seen, f.links, ordered=False)
+                if progress is not None:
+                    progress(found.objects)
+            frontier = nxt
+        found.helped = helpers.helped
     return found
 
 
-def _visit(
-    found: _Found, keys: list[bytes], got: list[bytes | None], canonical: bool, nxt: list[bytes]
-) -> None:
-    """Check a batch; note its bad objects, and its links not met before (in ``nxt``)."""
-    keys, datas = _sound(found, keys, got)
-    ids, owners = (_checked if canonical else _linked)(found, keys, datas)
-    if not ids:
-        return
-    if found.naming:
-        found.read.append((keys, owners))
-        nxt += new_links(found.parent, keys, ids, owners)
-    else:
-        nxt += unseen(found.seen, ids, ordered=False)  # each level is sorted before it is read
-
-
-def _sound(
-    found: _Found, keys: list[bytes], got: list[bytes | None]
-) -> tuple[list[bytes], list[bytes]]:
-    """The keys and bytes of the objects read whose bytes hash to their key; the others
-    noted as missing or corrupt."""
-    datas: list[bytes] = got  # type: ignore[assignment]  # once the None are out, below
-    if None in got:
-        present = [data is not None for data in got]  # not truthiness: b"" is an object
-        for key in compress(keys, map(operator.not_, present)):
-            found.bad[key] = (MISSING, "")
-        keys, datas = list(compress(keys, present)), list(compress(got, present))  # type: ignore[arg-type]
-    found.objects += len(keys)
-    found.nbytes += sum(map(len, datas))
-    corrupt = mismatches(keys, datas)
-    if not corrupt:
-        return keys, datas
-    for j in corrupt:
-        found.bad[keys[j]] = (CORRUPT, blake3.blake3(datas[j]).hexdigest())
-    keep = [True] * len(keys)
-    for j in corrupt:
-        keep[j] = False
-    return list(compress(keys, keep)), list(compress(datas, keep))
-
-
-def _linked(found: _Found, keys: list[bytes], datas: list[bytes]) -> tuple[list[bytes], list[int]]:
-    # the owner of each link only when naming (reading them costs a fifth more)
-    ids, owners, errors = batch_links(datas, owners=found.naming)
-    for j, e in errors.items():
-        found.bad[keys[j]] = (MALFORMED, f"its links cannot be read: {e}")
-    return ids, owners
-
-
-def _checked(found: _Found, keys: list[bytes], datas: list[bytes]) -> tuple[list[bytes], list[int]]:
-    ids, owners, doubtful = batch_check(datas, owners=found.naming)
-    for j in doubtful:
-        try:
-            encoding.validate_canonical(datas[j])
-            links = fast_links(datas[j])
-        except InvalidObject as e:
-            found.bad[keys[j]] = (MALFORMED, str(e))
-            continue
-        ids += links
-        if found.naming:
-            owners += [j] * len(links)
-    return ids, owners
+def _note(found: _Found, f: Findings, canonical: bool) -> None:
+    """Count a batch's objects and note its bad ones."""
+    found.objects += f.objects
+    found.nbytes += f.nbytes
+    for key in f.absent:
+        found.bad[key] = (MISSING, "")
+    for key, got in f.corrupt:
+        found.bad[key] = (CORRUPT, got)
+    for key, e in f.malformed:
+        found.bad[key] = (MALFORMED, e if canonical else f"its links cannot be read: {e}")
 
 
 def _referrers(store: Store, found: _Found) -> dict[bytes, list[bytes]]:

@@ -89,6 +89,29 @@ def add_command(
     return p
 
 
+def add_jobs_option(p: argparse.ArgumentParser) -> None:
+    """``-j/--jobs N`` for verbs that re-hash many objects (None: one per core, up to 4)."""
+
+    def jobs(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {value!r}")
+        return n
+
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=jobs,
+        default=None,
+        metavar="N",
+        help="processes that share the re-hashing of a big store (default: one per core, "
+        "up to 4; 1: this process only)",
+    )
+
+
 def open_store(args: argparse.Namespace, *, create: bool = False) -> Store:
     """The store ``--store`` names, else the workspace's (its file checked). Only verbs that
     write pass ``create``: a mistyped --store must not make an empty store."""

@@ -27,6 +27,7 @@ from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
     add_command,
+    add_jobs_option,
     common_options,
     emit,
     encode_json,
@@ -56,12 +57,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
             b.update(n - done)
             done = n
 
-        report = verify_result(store, args.result, canonical=args.canonical, progress=tick)
+        report = verify_result(
+            store, args.result, canonical=args.canonical, progress=tick, jobs=args.jobs
+        )
         # the answers it was scored against, made again (only over a sound closure)
         derived = check_answer_columns(store, store.resolve(args.result)) if report.ok else []
+    by = f" by {report.processes} processes" if report.processes > 1 else ""
     rate = (
         f"{report.objects:,} objects ({report.bytes:,} bytes) re-hashed in "
-        f"{report.seconds:.2f} s, {report.objects_per_sec:,.0f} objects/s"
+        f"{report.seconds:.2f} s{by}, {report.objects_per_sec:,.0f} objects/s"
     )
     ok = report.ok and not derived
     if ok:
@@ -124,6 +128,7 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="also check each object is in canonical form (slower, what cas fsck does)",
     )
+    add_jobs_option(v)
 
     v = add_command(verbs, "diff", cmd_diff, "name the inputs that differ between two results")
     v.add_argument("a", metavar="A", help="id, unique prefix or ref name")

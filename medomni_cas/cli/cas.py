@@ -26,6 +26,7 @@ from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
     add_command,
+    add_jobs_option,
     common_options,
     emit,
     emit_json,
@@ -222,7 +223,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     from medomni_cas.store.verify import fsck
 
     with open_store(args) as store:
-        report = fsck(store)
+        report = fsck(store, jobs=args.jobs)
     if json_mode(args):
         emit_json(to_builtins(report))
     else:
@@ -518,7 +519,8 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = add_command(verbs, "log", cmd_log, "show a ref's history")
     p.add_argument("name", metavar="NAME")
 
-    add_command(verbs, "fsck", cmd_fsck, "verify objects and refs (exit 1 on a problem)")
+    p = add_command(verbs, "fsck", cmd_fsck, "verify objects and refs (exit 1 on a problem)")
+    add_jobs_option(p)
 
     p = add_command(verbs, "gc", cmd_gc, "delete unreachable objects")
     p.add_argument(

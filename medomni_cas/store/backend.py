@@ -127,6 +127,12 @@ class Backend(ABC):
         from names (LMDB: the UTF-8 name is the key) should override it."""
         return self.ref_get_many([prefix + raw.hex() for raw in ids])
 
+    def reader_url(self) -> str | None:
+        """A URL that another process on this machine can open (`open_backend`) to read the
+        same objects while this one is open, when sharing big reads among processes pays
+        (a local database; see `medomni_cas.store._helpers`); None when it does not."""
+        return None
+
     def remove_orphans(self, older_than: float) -> int:
         """Remove leftovers of killed writers older than ``older_than``; return how many."""
         return 0

@@ -40,6 +40,7 @@ __all__ = [
     "kind_of",
     "links",
     "record_class",
+    "record_modules",
     "validate_canonical",
 ]
 
@@ -118,6 +119,13 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 def record_class(kind: str, version: int) -> type[Record] | None:
     return _REGISTRY.get(kind, {}).get(version)
+
+
+def record_modules() -> list[str]:
+    """The modules that define the registered record classes, for another process to
+    import so that it knows the same kinds (``__main__``'s are not importable there)."""
+    names = {cls.__module__ for versions in _REGISTRY.values() for cls in versions.values()}
+    return sorted(n for n in names if n != "__main__")
 
 
 def _find_bad_float(value: Any, path: str) -> str | None:

@@ -84,6 +84,10 @@ class LMDBBackend(Backend):
             raise ValueError("lmdb:// URL needs a path, e.g. lmdb://./.medomni/store")
         return cls(path, url=url)
 
+    def reader_url(self) -> str:
+        # LMDB is made for readers in several processes; absolute: a helper's cwd may differ
+        return f"lmdb://{self.path.resolve()}"
+
     # -- transactions that survive a full or grown map ---------------------------------------
     def _write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         for _ in range(64):

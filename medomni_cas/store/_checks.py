@@ -1,0 +1,149 @@
+"""One batch of a closure check: re-hash what was read, and find the links to follow.
+
+The walks of `medomni_cas.store.verify` (fsck) and `medomni_cas.audit.verify` share this step,
+and so do their helper processes (`medomni_cas.store._helpers`), so that a batch is checked
+by the same code wherever it runs. A batch's findings are data (`Findings`), never raised:
+the walk decides how to report them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from functools import partial
+from itertools import compress
+
+import blake3
+import msgspec
+
+from medomni_cas.errors import InvalidObject
+from medomni_cas.store import encoding
+from medomni_cas.store._links import batch_check, batch_links, mismatches
+from medomni_cas.store.ids import ID_SIZE, ObjectId
+
+__all__ = ["BatchChecker", "Findings"]
+
+_BLOB_PREFIX = encoding.encode_blob_header(0)[:-2]  # what every blob object starts with
+_Ext = msgspec.msgpack.Ext
+_wrap_id = partial(bytes.__new__, ObjectId)  # an id from 32 bytes (or a view of them)
+
+
+class Findings(msgspec.Struct, array_like=True):
+    """What checking one batch found.
+
+    ``links`` are the links of its sound objects (repeats included, except from a helper,
+    which sends each once); with owners, ``owners[k]`` is the index in ``sound`` of the
+    object that holds ``links[k]``. Corrupt and malformed objects are not followed."""
+
+    objects: int = 0  # objects read (the absent ones not counted)
+    nbytes: int = 0
+    absent: list[bytes] = []
+    corrupt: list[tuple[bytes, str]] = []  # (id, what its bytes hash to, hex)
+    malformed: list[tuple[bytes, str]] = []  # (id, what is wrong with it)
+    links: list[bytes] = []
+    owners: list[int] = []
+    sound: list[bytes] = []  # with owners only: the ids that ``owners`` index
+
+
+class BatchChecker:
+    """Checks batches: bytes against ids, then links read exactly (`batch_links`), or with
+    ``canonical`` the canonical check too (`batch_check`, and the full check for anything
+    it doubts). Holds only what speeds up later batches (the kinds already checked)."""
+
+    def __init__(self, canonical: bool) -> None:
+        self.canonical = canonical
+        # kinds without a mirror: one decode whose link hook collects the links, one
+        # re-encode; kinds (with versions) are admitted to it by passing the full check once
+        self._kinds: set[tuple[str, int]] = set()
+        self._found: list[ObjectId] = []
+        self._decoder = msgspec.msgpack.Decoder(ext_hook=_noting_hook(self._found.append))
+
+    def __call__(
+        self, keys: list[bytes], got: list[bytes | None], *, owners: bool = False
+    ) -> Findings:
+        """Check the objects ``got`` for ``keys`` (None: not stored)."""
+        out = Findings()
+        datas: list[bytes] = got  # type: ignore[assignment]  # once the None are out, below
+        if None in got:
+            present = [data is not None for data in got]  # not truthiness: b"" is an object
+            out.absent = list(compress(keys, map(operator.not_, present)))
+            keys, datas = list(compress(keys, present)), list(compress(got, present))  # type: ignore[arg-type]
+        out.objects = len(keys)
+        out.nbytes = sum(map(len, datas))
+        corrupt = mismatches(keys, datas)
+        if corrupt:
+            out.corrupt = [(keys[j], blake3.blake3(datas[j]).hexdigest()) for j in corrupt]
+            keep = [True] * len(keys)
+            for j in corrupt:
+                keep[j] = False
+            keys, datas = list(compress(keys, keep)), list(compress(datas, keep))
+        if self.canonical:
+            ids, own, doubtful = batch_check(datas, owners=owners)
+            for j in doubtful:
+                try:
+                    links = self.exact(datas[j])
+                except InvalidObject as e:
+                    out.malformed.append((keys[j], str(e)))
+                    continue
+                ids += links
+                if owners:
+                    own += [j] * len(links)
+        else:
+            ids, own, errors = batch_links(datas, owners=owners)
+            out.malformed = [(keys[j], str(e)) for j, e in errors.items()]
+        out.links = ids
+        if owners:
+            out.owners, out.sound = own, keys
+        return out
+
+    def exact(self, data: bytes) -> list[ObjectId]:
+        """The links of one object after the canonical check (`InvalidObject` saying what
+        is wrong): by one decode for a kind already checked, else by the full check."""
+        found = self._fast_links(data)
+        if found is not None:
+            return found
+        kind = encoding.validate_canonical(data)
+        found = encoding.links(data)
+        self._kinds.add(kind)
+        return found
+
+    def _fast_links(self, data: bytes) -> list[ObjectId] | None:
+        """`encoding.validate_canonical` and `encoding.links` in one decode, for a blob or an
+        object of a kind already seen; None when it needs the full check (which says why).
+
+        A canonical object has string map keys only, so the links its decode meets are those
+        `encoding.links` collects from the body's values and lists.
+        """
+        try:
+            if data[: len(_BLOB_PREFIX)] == _BLOB_PREFIX:
+                encoding.blob_data(data)
+                return []
+            self._found.clear()
+            value = self._decoder.decode(data)
+            if type(value) is not list or len(value) != 3:
+                return None
+            kind, version, body = value
+            if type(kind) is not str or type(version) is not int:
+                return None
+            if (kind, version) not in self._kinds:
+                return None
+            if encoding.encode_object(kind, version, body) != data:
+                return None
+        except (msgspec.DecodeError, InvalidObject):
+            return None
+        return list(dict.fromkeys(self._found))
+
+
+def _noting_hook(note: Callable[[ObjectId], None]) -> Callable[[int, memoryview], _Ext]:
+    """The canonical decoder's extension hook, except that a link stays an `Ext` (which
+    re-encodes as it was, without the encoder's hook) and its id is passed to ``note``."""
+    link_ext, wrap, ext = encoding.LINK_EXT, _wrap_id, _Ext
+
+    def hook(code: int, data: memoryview) -> _Ext:
+        if code == link_ext and len(data) == ID_SIZE:
+            oid = wrap(data)
+            note(oid)
+            return ext(code, oid)
+        raise InvalidObject(f"unknown msgpack extension type {code} (length {len(data)})")
+
+    return hook

@@ -1,0 +1,332 @@
+"""Helper processes for closure checks: the big levels of a walk shared among the cores.
+
+Checking an object costs a read, a hash and a few C-level passes (`_checks`), all under one
+interpreter lock, so one process checks at about the rate of one core. When the store is a
+local database that several processes may read at once (`Backend.reader_url`: LMDB), the
+big levels of a walk are shared: helper processes open the same store, check batches of ids
+with the same `BatchChecker`, and send back each batch's `Findings`. The walk stays in the
+calling process: which links are new, what is reported and how.
+
+Helpers only make a check faster; they never change its answer. One starts when a level is
+big enough to pay for its start (a new interpreter that imports the store and the record
+kinds: about 0.15 s, while this process goes on checking). A helper that fails to start,
+dies, or sends something unreadable is dropped, and the batches it held are checked here.
+
+Protocol, over a helper's stdin and stdout: frames of a 4-byte little-endian length and a
+body. In: `Hello`, then batches (ids back to back, 32 bytes each). Out: `Ready`, then each
+batch's `Findings` in the order the batches came. The helper ends when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import select
+import struct
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from queue import SimpleQueue
+from typing import BinaryIO
+
+import msgspec
+
+from medomni_cas.store import encoding
+from medomni_cas.store._checks import BatchChecker, Findings
+from medomni_cas.store.backend import Backend
+from medomni_cas.store.ids import ID_SIZE
+
+__all__ = ["BATCH", "MIN_LEVEL", "Helpers", "default_jobs"]
+
+#: Ids per batch: enough that a batch's C-level passes dominate its Python steps.
+BATCH = 4096
+#: The smallest level that starts a helper: smaller walks end before one would be ready.
+MIN_LEVEL = 4 * BATCH
+_MAX_JOBS = 4  # beyond this the walk itself (new links, reports) is the bottleneck
+_IN_FLIGHT = 3  # batches a helper holds: it never idles while this process checks one
+_LEN = struct.Struct("<I")
+_MAX_FRAME = 1 << 30
+_COMMAND = ("-m", "medomni_cas.store._helpers")  # run by this interpreter
+
+
+class Hello(msgspec.Struct, array_like=True):
+    """What a helper needs: the store, the kind of check, and the modules to import so that
+    it reads the record kinds this process knows as fast as this process does."""
+
+    url: str
+    canonical: bool
+    modules: list[str]
+
+
+class Ready(msgspec.Struct, array_like=True):
+    error: str = ""  # why the helper cannot check (it then exits)
+
+
+def default_jobs() -> int:
+    """Processes a check uses by default: one per core this process may run on, up to 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, _MAX_JOBS))
+
+
+class _Gone(Exception):
+    """A helper that cannot be used any more (dead, or not speaking the protocol)."""
+
+
+class _Helper:
+    """One helper process, and the batches it holds (in the order it answers them)."""
+
+    def __init__(self, hello: Hello) -> None:
+        # the helper imports what this process can: same interpreter, same search path
+        path = [os.getcwd() if p == "" else p for p in sys.path]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if os.path.isdir(p))}
+        self.proc = subprocess.Popen(
+            [sys.executable, *_COMMAND],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # a helper's failure is handled: it is dropped
+            bufsize=0,
+            env=env,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.out = self.proc.stdout.fileno()
+        self.ready = False
+        self.held: deque[list[bytes]] = deque()
+        self.answered = 0
+        # written by a thread: this process never blocks on a full pipe while the helper
+        # blocks on its full answer pipe
+        self._frames: SimpleQueue[bytes | None] = SimpleQueue()
+        self._writer = threading.Thread(
+            target=_write_frames, args=(self.proc.stdin, self._frames), daemon=True
+        )
+        self._writer.start()
+        self._frames.put(_frame(msgspec.msgpack.encode(hello)))
+
+    def send(self, batch: list[bytes]) -> None:
+        self.held.append(batch)
+        self._frames.put(_frame(b"".join(batch)))
+
+    def readable(self, timeout: float = 0.0) -> bool:
+        return bool(select.select([self.out], [], [], timeout)[0])
+
+    def receive(self) -> bytes:
+        (n,) = _LEN.unpack(_read_exactly(self.out, _LEN.size))
+        if n > _MAX_FRAME:
+            raise _Gone(f"frame of {n} bytes")
+        return _read_exactly(self.out, n)
+
+    def close(self, *, kill: bool = False) -> None:
+        self._frames.put(None)
+        if kill:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._writer.join(timeout=5)
+
+
+def _frame(body: bytes) -> bytes:
+    return _LEN.pack(len(body)) + body
+
+
+def _write_frames(pipe: BinaryIO, frames: SimpleQueue[bytes | None]) -> None:
+    with contextlib.suppress(OSError):  # the helper is gone: its reader notices
+        fd = pipe.fileno()
+        while (frame := frames.get()) is not None:
+            view = memoryview(frame)
+            while view:
+                view = view[os.write(fd, view) :]
+    with contextlib.suppress(OSError):
+        pipe.close()
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    parts: list[bytes] = []
+    while n:
+        part = os.read(fd, min(n, 1 << 20))
+        if not part:
+            raise _Gone("end of stream")
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+class Helpers:
+    """The helper processes of one check (started on the first big level, ended by
+    `close`): ``jobs`` processes in all, this one included; None for `default_jobs`."""
+
+    def __init__(self, backend: Backend, canonical: bool, jobs: int | None = None) -> None:
+        self.backend = backend
+        self.canonical = canonical
+        self.jobs = default_jobs() if jobs is None else jobs
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be at least 1, not {self.jobs}")
+        self._url = backend.reader_url() if self.jobs > 1 else None
+        self._helpers: list[_Helper] = []
+        self._started = False
+        #: helper processes that checked at least one batch (so far)
+        self.helped = 0
+        self._findings = msgspec.msgpack.Decoder(Findings)
+        self._ready = msgspec.msgpack.Decoder(Ready)
+
+    def __enter__(self) -> Helpers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        helpers, self._helpers = self._helpers, []
+        for h in helpers:
+            # one still starting, or one whose answers will not be read (the walk stopped
+            # early), has nothing to finish
+            h.close(kill=not h.ready or bool(h.held))
+
+    def check(
+        self,
+        keys: list[bytes],
+        checker: BatchChecker,
+        get_list: Callable[[list[bytes]], list[bytes | None]],
+        *,
+        owners: bool = False,
+    ) -> Iterator[Findings]:
+        """The findings of ``keys`` (32-byte ids), batch by batch in no set order: checked
+        here by ``checker`` over ``get_list``, or by helpers when the level is big. Owners
+        are only kept here (a helper's links come without them)."""
+        batches = deque(keys[i : i + BATCH] for i in range(0, len(keys), BATCH))
+        if not owners and len(keys) >= MIN_LEVEL:
+            self._start()
+        while True:
+            for h in list(self._helpers):
+                try:
+                    yield from self._collect(h, batches)
+                except (_Gone, OSError, msgspec.DecodeError):
+                    self._drop(h, batches)
+            if batches:
+                # this process from the front, helpers from the back: each reads pages
+                # close together in key order
+                batch = batches.popleft()
+                yield checker(batch, get_list(batch), owners=owners)
+            elif any(h.held for h in self._helpers):
+                self._wait(batches)
+            else:
+                return
+
+    def _start(self) -> None:
+        if self._started or self._url is None:
+            return
+        self._started = True
+        hello = Hello(self._url, self.canonical, encoding.record_modules())
+        for _ in range(self.jobs - 1):
+            try:
+                self._helpers.append(_Helper(hello))
+            except (OSError, ValueError):  # no process can be started here: check alone
+                break
+
+    def _collect(self, h: _Helper, batches: deque[list[bytes]]) -> Iterator[Findings]:
+        """The answers ``h`` has ready, then as many batches as it may hold."""
+        if not h.ready:
+            if not h.readable():
+                return
+            ready = self._ready.decode(h.receive())
+            if ready.error:
+                raise _Gone(ready.error)
+            h.ready = True
+        while h.held and h.readable():
+            found = self._findings.decode(h.receive())
+            h.held.popleft()
+            if not h.answered:
+                self.helped += 1
+            h.answered += 1
+            yield found
+        while batches and len(h.held) < _IN_FLIGHT:
+            h.send(batches.pop())
+
+    def _wait(self, batches: deque[list[bytes]]) -> None:
+        """Nothing left to check here: wait for a helper's answer; drop the helpers that
+        died meanwhile (their batches come back to ``batches``)."""
+        busy = [h for h in self._helpers if h.held]
+        if select.select([h.out for h in busy], [], [], 1.0)[0]:
+            return
+        for h in busy:
+            if h.proc.poll() is not None:
+                self._drop(h, batches)
+
+    def _drop(self, h: _Helper, batches: deque[list[bytes]]) -> None:
+        """Stop using ``h``; the batches it held go back to be checked here."""
+        self._helpers.remove(h)
+        batches.extend(h.held)
+        h.held.clear()
+        h.close(kill=True)
+
+
+# -- the helper's side ---------------------------------------------------------------------
+def _serve(inp: int, out: int) -> int:
+    def send(body: bytes) -> None:
+        view = memoryview(_frame(body))
+        while view:
+            view = view[os.write(out, view) :]
+
+    try:
+        hello = msgspec.msgpack.decode(_read_frame(inp), type=Hello)
+    except (_Gone, msgspec.DecodeError):
+        return 2
+    for name in hello.modules:
+        with contextlib.suppress(Exception):  # a kind not known here is read more slowly
+            importlib.import_module(name)
+    from medomni_cas.store.url import open_backend
+
+    try:
+        backend = open_backend(hello.url, create=False)
+    except Exception as e:
+        send(msgspec.msgpack.encode(Ready(f"cannot open {hello.url}: {e}")))
+        return 1
+    encode = msgspec.msgpack.Encoder(enc_hook=bytes).encode  # ObjectId is a bytes subclass
+    check = BatchChecker(hello.canonical)
+    send(msgspec.msgpack.encode(Ready()))
+    try:
+        while True:
+            try:
+                body = _read_frame(inp)
+            except _Gone:
+                return 0  # stdin closed: the walk is over
+            keys = [body[i : i + ID_SIZE] for i in range(0, len(body), ID_SIZE)]
+            found = check(keys, backend.get_list(keys))
+            found.links = list(set(found.links))  # the walk needs each link once
+            send(encode(found))
+    finally:
+        backend.close()
+
+
+def _read_frame(fd: int) -> bytes:
+    (n,) = _LEN.unpack(_read_exactly(fd, _LEN.size))
+    if n > _MAX_FRAME:
+        raise _Gone(f"frame of {n} bytes")
+    return _read_exactly(fd, n)
+
+
+def main() -> int:
+    # frames go to the original stdout; anything printed by an import goes to stderr
+    out = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return _serve(0, out)
+    except BrokenPipeError:
+        return 0  # the walk ended (or was killed) while this helper answered
+
+
+if __name__ == "__main__":
+    code = main()
+    # nothing to flush or tidy (the store is closed, frames are written unbuffered), and the
+    # walk waits for this exit: skip the interpreter's teardown of every module
+    os._exit(code)

@@ -1,0 +1,213 @@
+"""Helper processes for closure checks: the same findings as one process, and a helper that
+fails, dies or talks nonsense never changes them (its batches are checked here)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import medomni_cas as mc
+from medomni_cas.audit.verify import verify_result
+from medomni_cas.bench.records import Result
+from medomni_cas.cli.main import main
+from medomni_cas.store import _checks, _helpers, encoding
+from medomni_cas.store._checks import BatchChecker, Findings
+from medomni_cas.store._helpers import Helpers
+from medomni_cas.store.backends.lmdb import LMDBBackend
+from medomni_cas.store.ids import ObjectId, hash_bytes
+from medomni_cas.store.verify import fsck, verify_closure
+from tests.test_verify import _flip, _tamper, build
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Helpers]]:
+    """Small levels and batches, so that a test's closure is shared; and a checker in this
+    process that waits (up to 20 s) for the helpers to be ready before its first batch and
+    then takes its time, so that helpers always get part of the work. Yields the `Helpers`
+    made by the checks under test."""
+    monkeypatch.setattr(_helpers, "MIN_LEVEL", 64)
+    monkeypatch.setattr(_helpers, "BATCH", 16)
+    made: list[Helpers] = []
+    init, call = Helpers.__init__, BatchChecker.__call__
+
+    def recording(self: Helpers, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
+    def slow(self: BatchChecker, keys: list[bytes], got: list, *, owners: bool = False) -> Findings:
+        for helpers in made:
+            for h in helpers._helpers:
+                if not h.ready:
+                    h.readable(timeout=20.0)
+        time.sleep(0.002)
+        return call(self, keys, got, owners=owners)
+
+    monkeypatch.setattr(Helpers, "__init__", recording)
+    monkeypatch.setattr(_checks.BatchChecker, "__call__", slow)
+    yield made
+
+
+def _lmdb(tmp_path: Path) -> mc.Store:
+    return mc.Store(LMDBBackend(tmp_path / "lmdb", durable=False))
+
+
+def _damaged(store: mc.Store) -> tuple[ObjectId, set[tuple[str, str]]]:
+    """A result over 6 trees of 120 leaves each (about 900 objects), with a corrupt leaf, a
+    malformed record (its bytes hash right, but do not decode), a missing subtree and a
+    missing leaf; returns it and the (kind, id) of each problem."""
+    roots, leaves = [], []
+    for i in range(6):
+        root, blobs = build(store, f"t{i}", leaves=120)
+        roots.append(root)
+        leaves += blobs
+    junk = b"\x93\xa9test-junk\x01" + encoding._LINK_MARK + b"short"  # a cut-off link
+    junk_id = hash_bytes(junk)
+    store.backend.put(junk_id, junk)
+    holder = store.put_object("test-helpers-holder", 1, {"see": [junk_id]})
+    absent = hash_bytes(b"never stored")
+    lost = store.put_object("test-helpers-lost", 1, {"see": [absent]})
+    result = store.put(
+        Result(
+            task_set=roots[0],
+            set_build=roots[1],
+            jobs=(*roots[2:], holder, lost),
+            answer_keys=(),
+            scorer="test",
+            scorer_version="0",
+            n_boot=0,
+            seed=0,
+            rows=(),
+            table=store.put_blob(b"table"),
+        )
+    )
+    _tamper(store, leaves[7], _flip(store.backend.get(leaves[7]), 3))
+    gone = leaves[400]
+    with store.backend.env.begin(write=True) as txn:  # type: ignore[attr-defined]
+        txn.delete(gone, db=store.backend._objects)  # type: ignore[attr-defined]
+    want = {("corrupt", leaves[7].hex()), ("malformed", junk_id.hex())}
+    want |= {("missing", gone.hex()), ("missing", absent.hex())}
+    return result, want
+
+
+def test_verify_result_finds_the_same_with_helpers(tmp_path: Path, made: list[Helpers]) -> None:
+    store = _lmdb(tmp_path)
+    result, want = _damaged(store)
+    alone = verify_result(store, result, jobs=1)
+    shared = verify_result(store, result, jobs=2)
+    assert alone.processes == 1 and shared.processes == 2
+    assert {(p.kind, p.id) for p in alone.problems} == want
+    assert alone.problems == shared.problems  # named by the same (serial) naming walk
+    assert (alone.objects, alone.bytes) == (shared.objects, shared.bytes)
+    canonical = verify_result(store, result, jobs=2, canonical=True)
+    assert canonical.processes == 2
+    assert {(p.kind, p.id) for p in canonical.problems} == want
+
+
+def test_fsck_and_verify_closure_find_the_same_with_helpers(
+    tmp_path: Path, made: list[Helpers]
+) -> None:
+    store = _lmdb(tmp_path)
+    result, want = _damaged(store)
+    store.refs.set("results/x", result)
+    for i in range(300):  # unreachable objects: the listing is shared too
+        store.put_blob(f"stray {i}".encode())
+    for check in (lambda j: fsck(store, jobs=j), lambda j: verify_closure(store, [result], jobs=j)):
+        alone, shared = check(1), check(2)
+        assert made[-1].helped == 1
+        assert {(p.kind, p.id) for p in alone.problems} >= want
+        assert sorted(alone.problems, key=repr) == sorted(shared.problems, key=repr)
+        assert alone.objects == shared.objects
+
+
+def _sound_keys(tmp_path: Path) -> tuple[mc.Store, list[bytes], int]:
+    """A clean store; every id in it, and how many links its objects hold in all."""
+    store = _lmdb(tmp_path)
+    for i in range(4):
+        build(store, f"k{i}", leaves=200)
+    keys = sorted(store.backend.iter_keys())
+    found = BatchChecker(False)(keys, store.backend.get_list(keys))
+    return store, keys, len(found.links)
+
+
+def _drain(helpers: Helpers, store: mc.Store, keys: list[bytes]) -> tuple[int, set[bytes]]:
+    objects, links = 0, set()
+    for f in helpers.check(keys, BatchChecker(False), store.backend.get_list):
+        objects += f.objects
+        links.update(f.links)
+    return objects, links
+
+
+def test_a_helper_that_dies_leaves_no_batch_unchecked(tmp_path: Path, made: list[Helpers]) -> None:
+    store, keys, _ = _sound_keys(tmp_path)
+    _, every_link = _drain(Helpers(store.backend, False, 1), store, keys)
+    with Helpers(store.backend, False, 2) as helpers:
+        objects, links = 0, set()
+        for f in helpers.check(keys, BatchChecker(False), store.backend.get_list):
+            objects += f.objects
+            links.update(f.links)
+            if helpers.helped and helpers._helpers:
+                helpers._helpers[0].proc.kill()  # with batches in hand
+        assert helpers.helped == 1 and helpers._helpers == []  # dropped
+    assert objects == len(keys)  # each batch once: none lost, none counted twice
+    assert links == every_link
+
+
+def test_a_helper_that_cannot_open_the_store_is_dropped(
+    tmp_path: Path, made: list[Helpers], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, keys, _ = _sound_keys(tmp_path)
+    monkeypatch.setattr(LMDBBackend, "reader_url", lambda self: f"lmdb://{tmp_path}/none")
+    with Helpers(store.backend, False, 2) as helpers:
+        assert _drain(helpers, store, keys)[0] == len(keys)
+        assert helpers.helped == 0 and helpers._helpers == []
+    assert not (tmp_path / "none").exists()  # a helper only reads: it made no store
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import sys; sys.stdout.write('nonsense' * 1000)",  # a frame length of gigabytes
+        "import sys; sys.stdout.buffer.write(b'\\x05\\x00\\x00\\x00hello')",  # not a Ready
+        "import sys; sys.exit(3)",
+    ],
+)
+def test_a_helper_that_talks_nonsense_is_dropped(
+    tmp_path: Path, made: list[Helpers], monkeypatch: pytest.MonkeyPatch, program: str
+) -> None:
+    store, keys, _ = _sound_keys(tmp_path)
+    monkeypatch.setattr(_helpers, "_COMMAND", ("-c", program))
+    with Helpers(store.backend, False, 2) as helpers:
+        assert _drain(helpers, store, keys)[0] == len(keys)
+        assert helpers.helped == 0 and helpers._helpers == []
+
+
+def test_no_helper_where_it_cannot_pay(tmp_path: Path) -> None:
+    memory = mc.open("memory://")
+    for i in range(3):
+        build(memory, f"m{i}", leaves=100)
+    keys = list(memory.backend.iter_keys())
+    with Helpers(memory.backend, False, 4) as helpers:  # no reader_url: one process
+        assert _drain(helpers, memory, keys)[0] == len(keys)
+        assert helpers._helpers == []
+    store, keys, _ = _sound_keys(tmp_path)
+    with Helpers(store.backend, False, 1) as helpers:
+        assert _drain(helpers, store, keys)[0] == len(keys)
+        assert helpers._helpers == []
+    with pytest.raises(ValueError, match="jobs must be at least 1"):
+        Helpers(store.backend, False, 0)
+    assert 1 <= _helpers.default_jobs() <= 4
+
+
+def test_jobs_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"lmdb://{tmp_path}/cli"
+    store = mc.open(url)
+    store.refs.set("main", build(store, "cli")[0])
+    store.close()
+    assert main(["cas", "fsck", "--store", url, "--jobs", "2"]) == 0
+    assert "ok:" in capsys.readouterr().out
+    for bad in ("0", "-1", "two"):
+        assert main(["cas", "fsck", "--store", url, "--jobs", bad]) == 2
+        assert "argument -j/--jobs: must be a whole number of at least 1" in capsys.readouterr().err
