@@ -16,7 +16,9 @@ extra memory per object), and the list of objects that hold links. Only when som
 wrong are the few objects on a path read again and decoded to name it, and the objects with
 links read again to find every other referrer of a bad object (a shared blob is one object
 for many runs). The objects below a corrupt object are not followed through it (its links
-cannot be trusted); they are checked if something sound links them too.
+cannot be trusted); they are checked if something sound links them too. On a local store
+and a machine with spare cores, the big levels of the walk are shared with helper
+processes (``jobs``; `medomni_cas.store._helpers`), which check batches with the same code.
 
 What is checked: every object's bytes hash to its id, and every linked object is present.
 With ``canonical=True`` each object is also re-encoded and must be in canonical form (what

@@ -53,9 +53,11 @@ _COMMAND = ("-m", "medomni_cas.store._helpers")  # run by this interpreter
 
 
 class Hello(msgspec.Struct, array_like=True):
-    """What a helper needs: the store, the kind of check, and the modules to import so that
-    it reads the record kinds this process knows as fast as this process does."""
+    """What a helper needs: the store (its backend class, as ``module:name``, and the URL
+    that class opens), the kind of check, and the modules to import so that it reads the
+    record kinds this process knows as fast as this process does."""
 
+    backend: str
     url: str
     canonical: bool
     modules: list[str]
@@ -226,7 +228,13 @@ class Helpers:
         if self._started or self._url is None:
             return
         self._started = True
-        hello = Hello(self._url, self.canonical, encoding.record_modules())
+        cls = type(self.backend)
+        hello = Hello(
+            f"{cls.__module__}:{cls.__qualname__}",
+            self._url,
+            self.canonical,
+            encoding.record_modules(),
+        )
         for _ in range(self.jobs - 1):
             try:
                 self._helpers.append(_Helper(hello))
@@ -287,7 +295,9 @@ def _serve(inp: int, out: int) -> int:
     from medomni_cas.store.url import open_backend
 
     try:
-        backend = open_backend(hello.url, create=False)
+        module, _, name = hello.backend.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        backend = open_backend(hello.url, create=False, cls=cls)
     except Exception as e:
         send(msgspec.msgpack.encode(Ready(f"cannot open {hello.url}: {e}")))
         return 1

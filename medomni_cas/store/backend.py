@@ -128,9 +128,9 @@ class Backend(ABC):
         return self.ref_get_many([prefix + raw.hex() for raw in ids])
 
     def reader_url(self) -> str | None:
-        """A URL that another process on this machine can open (`open_backend`) to read the
-        same objects while this one is open, when sharing big reads among processes pays
-        (a local database; see `medomni_cas.store._helpers`); None when it does not."""
+        """A URL that this class's ``from_url`` opens in another process on this machine to
+        read the same objects while this one is open, when sharing big reads among processes
+        pays (a local database; see `medomni_cas.store._helpers`); None when it does not."""
         return None
 
     def remove_orphans(self, older_than: float) -> int:

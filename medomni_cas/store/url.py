@@ -22,12 +22,10 @@ Relative ``lmdb://`` and ``file://`` paths in it are relative to the file.
 from __future__ import annotations
 
 import os
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import blake3
-import yaml
 
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.store import Store
@@ -64,6 +62,10 @@ def _load(target: str) -> type[Backend]:
 
 
 def _backend_class(scheme: str) -> type[Backend]:
+    # imported here, like yaml below: importing the store (every command, every helper
+    # process of a check) need not pay for reading the installed distributions
+    from importlib.metadata import entry_points
+
     for ep in entry_points(group="medomni.backends"):
         if ep.name == scheme:
             return ep.load()
@@ -78,6 +80,8 @@ def read_workspace(start: str | Path) -> tuple[Path, dict[str, Any]] | None:
     ws = Path(start) / WORKSPACE_FILE
     if not ws.is_file():
         return None
+    import yaml
+
     try:
         data = yaml.safe_load(ws.read_text()) or {}
     except yaml.YAMLError as e:
@@ -155,7 +159,9 @@ def default_cache_url(url: str) -> str:
     return f"lmdb://{os.path.join(base, 'medomni', digest)}"
 
 
-def open_backend(url: str, *, create: bool = True) -> Backend:
+def open_backend(url: str, *, create: bool = True, cls: type[Backend] | None = None) -> Backend:
+    """The backend at ``url``; with ``create=False`` a local store must already exist.
+    ``cls``: the backend class, when the caller knows it (no lookup by scheme)."""
     if "://" not in url:
         raise ValueError(f"not a store URL (expected scheme://…): {url!r}")
     scheme, rest = url.split("://", 1)
@@ -164,7 +170,8 @@ def open_backend(url: str, *, create: bool = True) -> Backend:
         path = Path(rest.split("?", 1)[0]).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"no store at {url} (create one with `medomni cas init`)")
-    cls = _backend_class(scheme)
+    if cls is None:
+        cls = _backend_class(scheme)
     return cls.from_url(url)  # type: ignore[attr-defined]
 
 
