@@ -528,6 +528,8 @@ def main(argv: Sequence[str]) -> int:
         if parts & {"resume", "audit"}:
             t, runs = timed(lambda: build_runs(tmp / "runs", sizes))
             print(f"built {sizes.runs:,} runs ({runs.objects:,} objects) in {t:.0f} s")
+            # written with durable=False: flushed now, not by the kernel while timing
+            os.sync()
             if "resume" in parts:
                 rows += bench_resume(runs, sizes)
             if "audit" in parts:

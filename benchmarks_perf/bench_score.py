@@ -22,6 +22,7 @@ Every way's scores are checked equal to the others'.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,6 +292,7 @@ def bench_scoring(tmp: Path, sizes: ScoreSizes) -> list[Row]:
     t_build, s = timed(lambda: build_scoring(path, sizes))
     store, n_rows = s.store, s.rows
     print(f"built {len(s.jobs)} jobs of {sizes.rows_per_job:,} rows in {t_build:.0f} s")
+    os.sync()  # written with durable=False: flushed now, not by the kernel while timing
     what = f"{n_rows:,} rows"
     reps = f", median of {sizes.repeats}" if sizes.repeats > 1 else ""
 

@@ -173,7 +173,8 @@ class Helpers:
         self.jobs = default_jobs() if jobs is None else jobs
         if self.jobs < 1:
             raise ValueError(f"jobs must be at least 1, not {self.jobs}")
-        self._url = backend.reader_url() if self.jobs > 1 else None
+        # select() on pipes, which waiting for helpers needs, is POSIX only
+        self._url = backend.reader_url() if self.jobs > 1 and os.name == "posix" else None
         self._helpers: list[_Helper] = []
         self._started = False
         #: helper processes that checked at least one batch (so far)
