@@ -117,10 +117,7 @@ class _Helper:
         return bool(select.select([self.out], [], [], timeout)[0])
 
     def receive(self) -> bytes:
-        (n,) = _LEN.unpack(_read_exactly(self.out, _LEN.size))
-        if n > _MAX_FRAME:
-            raise _Gone(f"frame of {n} bytes")
-        return _read_exactly(self.out, n)
+        return _read_frame(self.out)
 
     def close(self, *, kill: bool = False) -> None:
         self._frames.put(None)
@@ -145,11 +142,22 @@ def _write_frames(pipe: BinaryIO, frames: SimpleQueue[bytes | None]) -> None:
     with contextlib.suppress(OSError):  # the helper is gone: its reader notices
         fd = pipe.fileno()
         while (frame := frames.get()) is not None:
-            view = memoryview(frame)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, frame)
     with contextlib.suppress(OSError):
         pipe.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_frame(fd: int) -> bytes:
+    (n,) = _LEN.unpack(_read_exactly(fd, _LEN.size))
+    if n > _MAX_FRAME:
+        raise _Gone(f"frame of {n} bytes")
+    return _read_exactly(fd, n)
 
 
 def _read_exactly(fd: int, n: int) -> bytes:
@@ -282,9 +290,7 @@ class Helpers:
 # -- the helper's side ---------------------------------------------------------------------
 def _serve(inp: int, out: int) -> int:
     def send(body: bytes) -> None:
-        view = memoryview(_frame(body))
-        while view:
-            view = view[os.write(out, view) :]
+        _write_all(out, _frame(body))
 
     try:
         hello = msgspec.msgpack.decode(_read_frame(inp), type=Hello)
@@ -317,13 +323,6 @@ def _serve(inp: int, out: int) -> int:
             send(encode(found))
     finally:
         backend.close()
-
-
-def _read_frame(fd: int) -> bytes:
-    (n,) = _LEN.unpack(_read_exactly(fd, _LEN.size))
-    if n > _MAX_FRAME:
-        raise _Gone(f"frame of {n} bytes")
-    return _read_exactly(fd, n)
 
 
 def main() -> int:
