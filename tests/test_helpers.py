@@ -167,21 +167,31 @@ def test_a_helper_that_cannot_open_the_store_is_dropped(
 
 
 @pytest.mark.parametrize(
-    "program",
+    ("program", "why"),
     [
-        "import sys; sys.stdout.write('nonsense' * 1000)",  # a frame length of gigabytes
-        "import sys; sys.stdout.buffer.write(b'\\x05\\x00\\x00\\x00hello')",  # not a Ready
-        "import sys; sys.exit(3)",
+        ("import sys; sys.stdout.write('nonsense' * 1000)", "frame of"),  # gigabytes long
+        (  # a frame, but not a Ready
+            "import sys; sys.stdout.buffer.write(b'\\x05\\x00\\x00\\x00hello')",
+            "Expected `array`",
+        ),
+        ("import sys; sys.stderr.write('it broke'); sys.exit(3)", "it broke"),
     ],
 )
 def test_a_helper_that_talks_nonsense_is_dropped(
-    tmp_path: Path, made: list[Helpers], monkeypatch: pytest.MonkeyPatch, program: str
+    tmp_path: Path,
+    made: list[Helpers],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    program: str,
+    why: str,
 ) -> None:
     store, keys, _ = _sound_keys(tmp_path)
     monkeypatch.setattr(_helpers, "_COMMAND", ("-c", program))
     with Helpers(store.backend, False, 2) as helpers:
         assert _drain(helpers, store, keys)[0] == len(keys)
         assert helpers.helped == 0 and helpers._helpers == []
+    (record,) = [r for r in caplog.records if r.name == _helpers.__name__]
+    assert "dropped" in record.getMessage() and why in record.getMessage()
 
 
 def test_no_helper_where_it_cannot_pay(tmp_path: Path) -> None:

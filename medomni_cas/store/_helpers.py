@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import select
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -50,6 +52,7 @@ _IN_FLIGHT = 3  # batches a helper holds: it never idles while this process chec
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 30
 _COMMAND = ("-m", "medomni_cas.store._helpers")  # run by this interpreter
+_log = logging.getLogger(__name__)
 
 
 class Hello(msgspec.Struct, array_like=True):
@@ -87,19 +90,26 @@ class _Helper:
         # the helper imports what this process can: same interpreter, same search path
         path = [os.getcwd() if p == "" else p for p in sys.path]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if os.path.isdir(p))}
-        self.proc = subprocess.Popen(
-            [sys.executable, *_COMMAND],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,  # a helper's failure is handled: it is dropped
-            bufsize=0,
-            env=env,
-        )
+        # a file, not a pipe: a helper that writes much there can never block on it
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, *_COMMAND],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.errors,
+                bufsize=0,
+                env=env,
+            )
+        except BaseException:
+            self.errors.close()
+            raise
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdout.fileno()
         self.ready = False
         self.held: deque[list[bytes]] = deque()
         self.answered = 0
+        self.last_words = ""
         # written by a thread: this process never blocks on a full pipe while the helper
         # blocks on its full answer pipe
         self._frames: SimpleQueue[bytes | None] = SimpleQueue()
@@ -132,6 +142,11 @@ class _Helper:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._writer.join(timeout=5)
+        # the end of what it wrote to its stderr (a traceback, say), complete now it exited
+        with self.errors:
+            size = self.errors.seek(0, os.SEEK_END)
+            self.errors.seek(max(0, size - 2000))
+            self.last_words = self.errors.read().decode(errors="replace").strip()
 
 
 def _frame(body: bytes) -> bytes:
@@ -221,8 +236,8 @@ class Helpers:
             for h in list(self._helpers):
                 try:
                     yield from self._collect(h, batches)
-                except (_Gone, OSError, msgspec.DecodeError):
-                    self._drop(h, batches)
+                except (_Gone, OSError, msgspec.DecodeError) as e:
+                    self._drop(h, batches, f"{type(e).__name__}: {e}")
             if batches:
                 # this process from the front, helpers from the back: each reads pages
                 # close together in key order
@@ -277,14 +292,23 @@ class Helpers:
             return
         for h in busy:
             if h.proc.poll() is not None:
-                self._drop(h, batches)
+                self._drop(h, batches, f"it exited with status {h.proc.returncode}")
 
-    def _drop(self, h: _Helper, batches: deque[list[bytes]]) -> None:
-        """Stop using ``h``; the batches it held go back to be checked here."""
+    def _drop(self, h: _Helper, batches: deque[list[bytes]], why: str) -> None:
+        """Stop using ``h``; the batches it held go back to be checked here. Logged: the
+        answer is whole, but the check is slower than it should be."""
         self._helpers.remove(h)
+        held = len(h.held)
         batches.extend(h.held)
         h.held.clear()
         h.close(kill=True)
+        _log.warning(
+            "check helper (pid %d) dropped, %d batch(es) it held checked here instead: %s%s",
+            h.proc.pid,
+            held,
+            why,
+            f"\n{h.last_words}" if h.last_words else "",
+        )
 
 
 # -- the helper's side ---------------------------------------------------------------------
