@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -281,6 +282,28 @@ def test_a_killed_harness_resumes_without_loss_or_duplicates(tree: Path, tmp_pat
         runs = _runs(s)
         assert len(runs) == 40 and len({r.slot for r in runs}) == 40  # nothing lost, no twice
         assert not s.refs.as_dict("runs/claims/")
+
+
+def test_a_stale_claim_of_a_finished_slot_is_swept(
+    store: mc.Store, tree: Path, tmp_path: Path
+) -> None:
+    """A harness killed between recording a slot's run and releasing its claim leaves the
+    claim; the next run removes it, and keeps a claim whose holder is alive."""
+    agent = find_agent(tree / "bench", "baseline")
+    _run(store, tree, agent, tmp_path, arms=["no-perception"])
+    assert not store.refs.as_dict("runs/claims/")
+    done = sorted(store.refs.as_dict("runs/slots/"))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names no process now
+    host = socket.gethostname()
+    stale = store.put_blob(f"{host} {gone.pid} {time.time():.3f}\n".encode())
+    live = store.put_blob(f"{host} {os.getpid()} {time.time():.3f}\n".encode())
+    a, b = (name.replace("runs/slots/", "runs/claims/") for name in done[:2])
+    store.refs.set(a, stale)
+    store.refs.set(b, live)
+    again = _run(store, tree, agent, tmp_path, arms=["no-perception"])
+    assert again.ran == 0
+    assert store.refs.as_dict("runs/claims/") == {b: live}
 
 
 # -- checks ------------------------------------------------------------------------------------

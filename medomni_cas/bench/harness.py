@@ -10,7 +10,8 @@
    ``hash(atom, agent config, arm variant, repetition)``; ``runs/slots/<slot>`` points at its
    latest run, so resuming is one ref read per slot. A slot is claimed create-only
    (``runs/claims/<slot>``) before it runs, so two harnesses on one store never run it twice;
-   a claim whose process is gone (same host) or older than ``claim_timeout`` is taken over.
+   a claim whose process is gone (same host) or older than ``claim_timeout`` is taken over,
+   or removed when its slot has finished (its holder was killed before releasing it).
 3. Records each trial as it ends (run, prediction records, answer, logs, encoder calls), and
    each job (`JobRecord` with its `PredictionColumns`), then writes the run folder as a view.
 
@@ -287,6 +288,23 @@ def _claim(store: Store, slot: ObjectId, timeout: float) -> bool:
     return False
 
 
+def _sweep(store: Store, slots: list[bytes], running: set[bytes], timeout: float) -> None:
+    """Remove the stale claims of this job's slots that are not to run: a harness killed
+    after recording a slot's run and before releasing its claim leaves one behind. A claim
+    whose holder is alive is kept (it may be just about to release it)."""
+    claims = store.refs.as_dict("runs/claims/")  # only slots being run: few
+    if not claims:
+        return
+    finished = set(slots) - running
+    for name, claim in claims.items():
+        try:
+            slot = bytes.fromhex(name.rsplit("/", 1)[1])
+        except ValueError:
+            continue  # not a claim this harness made
+        if slot in finished and _stale(store, claim, timeout):
+            store.refs.remove_if_equals(name, claim, "stale claim of a finished slot")
+
+
 def _release(store: Store, slot: ObjectId) -> None:
     ref = _claim_ref(slot)
     current = store.refs.get(ref)
@@ -556,6 +574,7 @@ def _run_job(
         started, job.name = store.read_blob(pending).decode().split("\n", 1)  # type: ignore[arg-type]
     job.folder = runs_dir / job.name
     ran = infra = 0
+    _sweep(store, slots, {t.slot for t in job.trials}, claim_timeout)
     if job.trials:
         # claim every slot first: another harness on this store skips what we hold
         job.trials = [t for t in job.trials if _claim(store, t.slot, claim_timeout)]
