@@ -22,6 +22,7 @@ from examples import synth
 from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.scorer import jobs_of, score_jobs, write_results
+from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.tasksets import build_set
 
 HERE = Path(__file__).resolve().parent
@@ -69,7 +70,7 @@ def main() -> int:
     print()
     print(f"{'arm':<22} {'pair':<30} {'metric':<9} {'value':>7}  95% CI")
     for r in scored.record.rows:
-        arm = r.arm + (f".{r.arm_variant}" if r.arm_variant else "")
+        arm = arm_label(r.arm, r.arm_variant)
         ci = f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" if r.ci_low is not None else ""
         value = f"{r.value:.3f}" if r.value is not None else "-"
         print(f"{arm:<22} {r.pair:<30} {r.metric:<9} {value:>7}  {ci}")
@@ -81,10 +82,13 @@ def main() -> int:
 
     print()
     print("\n".join(render_text(provenance(store, scored.result))))
-    check = verify_result(store, scored.result)
-    _say("verify", f"{'ok' if check.ok else 'PROBLEMS'}: {check.objects} objects re-hashed")
+    check = verify_result(store, scored.result, derived=True)
+    what = f"{check.objects} objects re-hashed, answer columns made again"
+    _say("verify", f"{'ok' if check.ok else 'PROBLEMS'}: {what}")
     for p in check.problems:
-        print(f"  {p}")
+        print(f"  {p.kind}: {p.message}")
+    for d in check.derived:
+        print(f"  derived: {d}")
     return 0 if check.ok else 1
 
 

@@ -6,6 +6,8 @@
 >>> ws.run("medomni-bench/v1", "baseline", arms=["no-perception"])
 >>> ws.score("medomni-bench/v1")                        # a ResultView: shows its table
 >>> ws.runs_df("medomni-bench/v1").groupby("outcome").size()
+>>> ws.provenance("medomni-bench/v1")                   # where the latest score came from
+>>> ws.verify("medomni-bench/v1")                       # every object re-hashed: ok?
 
 Porcelain over Studio and Bench, reading only what the records hold. Every table method
 returns a ``pyarrow.Table`` and has a ``…_df`` twin returning a pandas DataFrame (pandas
@@ -13,7 +15,7 @@ is imported only then). Ids in tables are full lowercase hex, so tables join on 
 (``runs`` and ``predictions`` on ``run_id``, ``atoms`` and ``runs`` on ``atom``); reprs show
 them as 12 characters. Records are immutable, so what is read by id is cached by id.
 
-`build` and `run` show a progress bar (``tqdm.auto``: a widget in Jupyter when ipywidgets
+`build`, `run` and `verify` show a progress bar (``tqdm.auto``: a widget in Jupyter when ipywidgets
 is installed, a text bar otherwise).
 """
 
@@ -28,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from medomni_cas.audit.provenance import Provenance, provenance
+from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import PREDICTION_COLUMNS, RunReport, run_set
 from medomni_cas.bench.records import AgentConfig, JobRecord, Result, RunRecord, ScoreRow
@@ -670,6 +674,38 @@ class WorkspaceView:
         if out is not None:
             write_results(scored, Path(out))
         return self.result(scored.result)
+
+    # -- proving where a score came from --------------------------------------------------------
+    def _result_id(self, result: str | ObjectId | ResultView) -> ObjectId:
+        return result.id if isinstance(result, ResultView) else self.result(result).id
+
+    def provenance(self, result: str | ObjectId | ResultView, *, runs: bool = False) -> Provenance:
+        """Where ``result`` came from, as ``medomni audit show`` prints it: its scores, the
+        task set, every build (template, cohort, dataset release, config hash), the agents,
+        served models and jobs. ``result``: a `ResultView`, or what `result` takes."""
+        return provenance(self.store, self._result_id(result), runs=runs)
+
+    def verify(
+        self,
+        result: str | ObjectId | ResultView,
+        *,
+        canonical: bool = False,
+        jobs: int | None = None,
+        progress: bool = True,
+    ) -> VerifyReport:
+        """Re-hash every object ``result`` was made from and make its answer columns again,
+        as ``medomni audit verify`` does; the report names each missing, corrupt or
+        malformed object with its path from the result (``ok`` when there is none)."""
+        rid = self._result_id(result)
+        with _bar(total=None, unit="obj", desc="verify", disable=not progress) as bar:
+            return verify_result(
+                self.store,
+                rid,
+                canonical=canonical,
+                jobs=jobs,
+                derived=True,
+                progress=lambda n: bar.update(n - bar.n),
+            )
 
     # -- display ---------------------------------------------------------------------------------
     def _summary(self) -> list[tuple[str, str]]:

@@ -32,6 +32,7 @@ from medomni_cas.notebook import (
 )
 from medomni_cas.store import encoding
 from medomni_cas.studio.records import AtomTask, FormatCheck, PinnedPair, TaskSetRecord
+from tests.test_verify import _tamper
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
@@ -215,6 +216,30 @@ def test_run_again_resumes(flow: Flow) -> None:
     report = flow.ws.run(SET, "baseline", arms=["no-perception"], progress=False)
     assert report.ran == 0 and report.jobs[0].skipped == 40
     assert flow.ws.runs(SET).num_rows == 40
+
+
+def test_provenance_and_verify(flow: Flow, tmp_path: Path) -> None:
+    ws, rid = flow.ws, flow.result.id
+    prov = ws.provenance(SET)
+    assert prov.result == rid.hex() and ws.provenance(flow.result) == prov
+    text = repr(prov)
+    assert text.startswith(f"result {rid.hex()}") and f"task set {SET}" in text
+    assert prov._repr_html_().startswith("<pre>result ")
+    report = ws.verify(SET, progress=False)
+    assert report.ok and report.objects > 100 and not report.problems and not report.derived
+    assert repr(report).startswith(f"result {rid.hex()}: ok")
+    # a copy of the closure, one run's answer blob damaged
+    run = ws.store.get(ws.store.resolve(ws.runs(SET)["record"][0].as_py()), RunRecord)
+    assert run.answer is not None
+    url = f"lmdb://{tmp_path / 'copy'}"
+    with mc.open(url) as copy:
+        copy.put_raw_many(ws.store.walk([rid]))
+        _tamper(copy, run.answer, b"not the answer")
+    with mc.open_workspace(url) as other:
+        bad = other.verify(rid, progress=False)
+    assert not bad.ok and [(p.kind, p.id) for p in bad.problems] == [("corrupt", run.answer.hex())]
+    text = repr(bad)
+    assert "1 problem(s)" in text and f"answer: object {run.answer.hex()[:12]} is corrupt" in text
 
 
 def test_workspace_repr(flow: Flow) -> None:

@@ -159,6 +159,14 @@ class Provenance(_Report, kw_only=True):
     answer_columns: list[str] = []
     warnings: list[str] = []
 
+    def __repr__(self) -> str:
+        return "\n".join(render_text(self))
+
+    def _repr_html_(self) -> str:
+        from medomni_cas.store._html import esc
+
+        return f"<pre>{esc(chr(10).join(render_text(self)))}</pre>"
+
 
 def _builds(store: Store, set_build: SetBuild) -> list[BuildSummary]:
     entries = set_build.entries

@@ -35,6 +35,7 @@ import blake3
 import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label, short
+from medomni_cas.audit.derived import check_answer_columns
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
@@ -55,7 +56,15 @@ from medomni_cas.studio.records import (
     TaskSetRecord,
 )
 
-__all__ = ["CORRUPT", "MALFORMED", "MISSING", "VerifyProblem", "VerifyReport", "verify_result"]
+__all__ = [
+    "CORRUPT",
+    "MALFORMED",
+    "MISSING",
+    "VerifyProblem",
+    "VerifyReport",
+    "render_text",
+    "verify_result",
+]
 
 CORRUPT = "corrupt"
 MISSING = "missing"
@@ -88,6 +97,33 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     objects_per_sec: float
     problems: list[VerifyProblem]
     processes: int = 1  # processes that re-hashed (helpers that shared the work, and this one)
+    # with derived=True: each object derived from the closure (the answer columns) that is
+    # not what its inputs give when made again
+    derived: list[str] = []
+
+    def __repr__(self) -> str:
+        return "\n".join(render_text(self))
+
+    def _repr_html_(self) -> str:
+        from medomni_cas.store._html import esc
+
+        return f"<pre>{esc(chr(10).join(render_text(self)))}</pre>"
+
+
+def render_text(report: VerifyReport) -> list[str]:
+    """The report as lines: the verdict, the rate, then one line per problem."""
+    by = f" by {report.processes} processes" if report.processes > 1 else ""
+    rate = (
+        f"{report.objects:,} objects ({report.bytes:,} bytes) re-hashed in "
+        f"{report.seconds:.2f} s{by}, {report.objects_per_sec:,.0f} objects/s"
+    )
+    if report.ok:
+        return [f"result {report.result}: ok", f"  {rate}"]
+    n = len(report.problems) + len(report.derived)
+    lines = [f"result {report.result}: {n} problem(s)", f"  {rate}"]
+    lines += [f"  {p.kind}: {p.message}" for p in report.problems]
+    lines += [f"  derived: {d}" for d in report.derived]
+    return lines
 
 
 def verify_result(
@@ -97,11 +133,14 @@ def verify_result(
     canonical: bool = False,
     progress: Progress | None = None,
     jobs: int | None = None,
+    derived: bool = False,
 ) -> VerifyReport:
     """Re-hash every object reachable from ``result`` (an id, a unique prefix or a ref name);
     see the module docstring. ``progress`` gets the number of objects checked so far;
     ``jobs`` is how many processes may share the work (default: one per core, up to 4; 1:
-    this process only)."""
+    this process only). With ``derived``, a sound closure's answer columns are also made
+    again from its answer keys (`medomni_cas.audit.derived`), as `medomni audit verify`
+    does."""
     root = store.resolve(result)
     _check_root(store, root, result)
     t0 = time.perf_counter()
@@ -117,15 +156,18 @@ def verify_result(
             namer.problem(oid, kind, got, referrers.get(oid, []))
             for oid, (kind, got) in named.bad.items()
         ]
+    # the answers it was scored against, made again (only over a sound closure)
+    remade = check_answer_columns(store, root) if derived and not problems else []
     return VerifyReport(
         result=root.hex(),
-        ok=not problems,
+        ok=not problems and not remade,
         objects=found.objects,
         bytes=found.nbytes,
         seconds=seconds,
         objects_per_sec=found.objects / seconds if seconds > 0 else 0.0,
         problems=problems,
         processes=1 + found.helped,
+        derived=remade,
     )
 
 

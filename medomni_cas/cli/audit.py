@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from medomni_cas.audit import diff_results, provenance, to_prov_json, verify_result
-from medomni_cas.audit.derived import check_answer_columns
 from medomni_cas.audit.diff import render_text as diff_text
 from medomni_cas.audit.provenance import render_text as provenance_text
+from medomni_cas.audit.verify import render_text as verify_text
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -58,26 +58,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
             done = n
 
         report = verify_result(
-            store, args.result, canonical=args.canonical, progress=tick, jobs=args.jobs
+            store,
+            args.result,
+            canonical=args.canonical,
+            progress=tick,
+            jobs=args.jobs,
+            derived=True,
         )
-        # the answers it was scored against, made again (only over a sound closure)
-        derived = check_answer_columns(store, store.resolve(args.result)) if report.ok else []
-    by = f" by {report.processes} processes" if report.processes > 1 else ""
-    rate = (
-        f"{report.objects:,} objects ({report.bytes:,} bytes) re-hashed in "
-        f"{report.seconds:.2f} s{by}, {report.objects_per_sec:,.0f} objects/s"
-    )
-    ok = report.ok and not derived
-    if ok:
-        lines = [f"result {report.result}: ok", f"  {rate}"]
-    else:
-        n = len(report.problems) + len(derived)
-        lines = [f"result {report.result}: {n} problem(s)", f"  {rate}"]
-        lines += [f"  {p.kind}: {p.message}" for p in report.problems]
-        lines += [f"  derived: {d}" for d in derived]
-    data = {**to_builtins(report), "ok": ok, "derived": derived}
-    emit(args, data, lines)
-    return EXIT_OK if ok else EXIT_PROBLEM
+    emit(args, to_builtins(report), verify_text(report))
+    return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
