@@ -10,7 +10,7 @@ import pytest
 
 import medomni_cas as mc
 from medomni_cas.errors import InvalidObject
-from medomni_cas.store import encoding
+from medomni_cas.store import encoding, verify
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.backends.memory import MemoryBackend
 from medomni_cas.store.blobs import blob_object
@@ -106,6 +106,28 @@ def test_missing_linked_object_names_parent_and_ref(store: mc.Store) -> None:
     # reached first from the first ref in name order, through the subtree that holds it
     assert problem.ref == "second"
     assert parent.hex() in problem.message and "second" in problem.message
+
+
+def test_fsck_walks_every_ref_at_once_and_by_ref_only_on_a_problem(
+    store: mc.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    roots = [build(store, f"r{i}", leaves=10) for i in range(30)]
+    for i, (root, _) in enumerate(roots):
+        store.refs.set(f"runs/slots/{i:02d}", root)
+        store.refs.set(f"runs/again/{i:02d}", root)  # two refs to one closure
+    by_ref: list[int] = []
+    walk = verify._Checker.walk
+    monkeypatch.setattr(verify._Checker, "walk", lambda c, r: by_ref.append(1) or walk(c, r))
+    clean = fsck(store)
+    assert clean.ok and clean.objects == len(list(store.iter_ids())) and clean.refs == 60
+    assert by_ref == []  # one walk of all sixty, no second
+    leaf = roots[17][1][3]
+    _tamper(store, leaf, _flip(store.backend.get(leaf), 9))
+    report = fsck(store)
+    assert by_ref == [1]
+    (problem,) = report.problems
+    assert (problem.kind, problem.id, problem.ref) == ("corrupt", leaf.hex(), "runs/again/17")
+    assert report.objects == clean.objects
 
 
 def test_dangling_refs(store: mc.Store) -> None:

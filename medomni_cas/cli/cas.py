@@ -36,6 +36,7 @@ from medomni_cas.cli._output import (
     open_store,
     to_builtins,
 )
+from medomni_cas.cli._progress import bar
 from medomni_cas.errors import ConflictError, InvalidName, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
@@ -222,8 +223,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     """Verify every object and ref; exit 1 when anything is wrong."""
     from medomni_cas.store.verify import fsck
 
-    with open_store(args) as store:
-        report = fsck(store, jobs=args.jobs)
+    with open_store(args) as store, bar(args, None, "obj", "fsck") as b:
+        report = fsck(store, jobs=args.jobs, progress=lambda n: b.update(n - b.n))
     if json_mode(args):
         emit_json(to_builtins(report))
     else:
