@@ -15,8 +15,8 @@ is imported only then). Ids in tables are full lowercase hex, so tables join on 
 (``runs`` and ``predictions`` on ``run_id``, ``atoms`` and ``runs`` on ``atom``); reprs show
 them as 12 characters. Records are immutable, so what is read by id is cached by id.
 
-`build`, `run` and `verify` show a progress bar (``tqdm.auto``: a widget in Jupyter when ipywidgets
-is installed, a text bar otherwise).
+`build`, `run` and `verify` show a progress bar (``tqdm.auto``: a widget in Jupyter when
+ipywidgets is installed, a text bar otherwise).
 """
 
 from __future__ import annotations

@@ -132,9 +132,9 @@ def _sound_keys(tmp_path: Path) -> tuple[mc.Store, list[bytes], int]:
     return store, keys, len(found.links)
 
 
-def _drain(helpers: Helpers, store: mc.Store, keys: list[bytes]) -> tuple[int, set[bytes]]:
+def _drain(helpers: Helpers, keys: list[bytes]) -> tuple[int, set[bytes]]:
     objects, links = 0, set()
-    for f in helpers.check(keys, BatchChecker(False), store.backend.get_list):
+    for f in helpers.check(keys):
         objects += f.objects
         links.update(f.links)
     return objects, links
@@ -142,10 +142,10 @@ def _drain(helpers: Helpers, store: mc.Store, keys: list[bytes]) -> tuple[int, s
 
 def test_a_helper_that_dies_leaves_no_batch_unchecked(tmp_path: Path, made: list[Helpers]) -> None:
     store, keys, _ = _sound_keys(tmp_path)
-    _, every_link = _drain(Helpers(store.backend, False, 1), store, keys)
+    _, every_link = _drain(Helpers(store.backend, False, 1), keys)
     with Helpers(store.backend, False, 2) as helpers:
         objects, links = 0, set()
-        for f in helpers.check(keys, BatchChecker(False), store.backend.get_list):
+        for f in helpers.check(keys):
             objects += f.objects
             links.update(f.links)
             if helpers.helped and helpers._helpers:
@@ -161,7 +161,7 @@ def test_a_helper_that_cannot_open_the_store_is_dropped(
     store, keys, _ = _sound_keys(tmp_path)
     monkeypatch.setattr(LMDBBackend, "reader_url", lambda self: f"lmdb://{tmp_path}/none")
     with Helpers(store.backend, False, 2) as helpers:
-        assert _drain(helpers, store, keys)[0] == len(keys)
+        assert _drain(helpers, keys)[0] == len(keys)
         assert helpers.helped == 0 and helpers._helpers == []
     assert not (tmp_path / "none").exists()  # a helper only reads: it made no store
 
@@ -188,7 +188,7 @@ def test_a_helper_that_talks_nonsense_is_dropped(
     store, keys, _ = _sound_keys(tmp_path)
     monkeypatch.setattr(_helpers, "_COMMAND", ("-c", program))
     with Helpers(store.backend, False, 2) as helpers:
-        assert _drain(helpers, store, keys)[0] == len(keys)
+        assert _drain(helpers, keys)[0] == len(keys)
         assert helpers.helped == 0 and helpers._helpers == []
     (record,) = [r for r in caplog.records if r.name == _helpers.__name__]
     assert "dropped" in record.getMessage() and why in record.getMessage()
@@ -200,11 +200,11 @@ def test_no_helper_where_it_cannot_pay(tmp_path: Path) -> None:
         build(memory, f"m{i}", leaves=100)
     keys = list(memory.backend.iter_keys())
     with Helpers(memory.backend, False, 4) as helpers:  # no reader_url: one process
-        assert _drain(helpers, memory, keys)[0] == len(keys)
+        assert _drain(helpers, keys)[0] == len(keys)
         assert helpers._helpers == []
     store, keys, _ = _sound_keys(tmp_path)
     with Helpers(store.backend, False, 1) as helpers:
-        assert _drain(helpers, store, keys)[0] == len(keys)
+        assert _drain(helpers, keys)[0] == len(keys)
         assert helpers._helpers == []
     with pytest.raises(ValueError, match="jobs must be at least 1"):
         Helpers(store.backend, False, 0)

@@ -39,7 +39,7 @@ from medomni_cas.audit.derived import check_answer_columns
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
-from medomni_cas.store._checks import BatchChecker, Findings
+from medomni_cas.store._checks import Findings
 from medomni_cas.store._helpers import BATCH as _BATCH
 from medomni_cas.store._helpers import Helpers
 from medomni_cas.store._links import fast_links, new_links, unseen
@@ -224,13 +224,12 @@ def _walk(
     as much). Links met before are dropped by set operations on the batch's links.
     """
     found = _Found(root, naming)
-    check = BatchChecker(canonical)
     frontier: list[bytes] = [root]
     with Helpers(store.backend, canonical, 1 if naming else jobs) as helpers:
         while frontier:
             frontier.sort(key=_FIRST_BYTE)
             nxt: list[bytes] = []
-            for f in helpers.check(frontier, check, store.backend.get_list, owners=naming):
+            for f in helpers.check(frontier, owners=naming):
                 _note(found, f, canonical)
                 if naming and f.links:
                     found.read.append((f.sound, f.owners))

@@ -50,18 +50,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Re-hash the result's closure; exit 1 when any object is missing or corrupt."""
     with open_store(args) as store, bar(args, None, "obj", "verify") as b:
-        done = 0
-
-        def tick(n: int) -> None:
-            nonlocal done
-            b.update(n - done)
-            done = n
-
         report = verify_result(
             store,
             args.result,
             canonical=args.canonical,
-            progress=tick,
+            progress=lambda n: b.update(n - b.n),
             jobs=args.jobs,
             derived=True,
         )

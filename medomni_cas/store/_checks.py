@@ -18,12 +18,11 @@ import msgspec
 
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
-from medomni_cas.store._links import batch_check, batch_links, mismatches
+from medomni_cas.store._links import BLOB_PREFIX, batch_check, batch_links, mismatches
 from medomni_cas.store.ids import ID_SIZE, ObjectId
 
 __all__ = ["BatchChecker", "Findings"]
 
-_BLOB_PREFIX = encoding.encode_blob_header(0)[:-2]  # what every blob object starts with
 _Ext = msgspec.msgpack.Ext
 _wrap_id = partial(bytes.__new__, ObjectId)  # an id from 32 bytes (or a view of them)
 
@@ -115,7 +114,7 @@ class BatchChecker:
         `encoding.links` collects from the body's values and lists.
         """
         try:
-            if data[: len(_BLOB_PREFIX)] == _BLOB_PREFIX:
+            if data[: len(BLOB_PREFIX)] == BLOB_PREFIX:
                 encoding.blob_data(data)
                 return []
             self._found.clear()

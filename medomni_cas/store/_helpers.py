@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from queue import SimpleQueue
 from typing import BinaryIO
 
@@ -187,12 +187,13 @@ def _read_exactly(fd: int, n: int) -> bytes:
 
 
 class Helpers:
-    """The helper processes of one check (started on the first big level, ended by
-    `close`): ``jobs`` processes in all, this one included; None for `default_jobs`."""
+    """The batches of one check, checked here by ``checker`` (a `BatchChecker`) and by the
+    helper processes (started on the first big level, ended by `close`), which check the
+    same way: ``jobs`` processes in all, this one included; None for `default_jobs`."""
 
     def __init__(self, backend: Backend, canonical: bool, jobs: int | None = None) -> None:
         self.backend = backend
-        self.canonical = canonical
+        self.checker = BatchChecker(canonical)
         self.jobs = default_jobs() if jobs is None else jobs
         if self.jobs < 1:
             raise ValueError(f"jobs must be at least 1, not {self.jobs}")
@@ -218,17 +219,10 @@ class Helpers:
             # early), has nothing to finish
             h.close(kill=not h.ready or bool(h.held))
 
-    def check(
-        self,
-        keys: list[bytes],
-        checker: BatchChecker,
-        get_list: Callable[[list[bytes]], list[bytes | None]],
-        *,
-        owners: bool = False,
-    ) -> Iterator[Findings]:
+    def check(self, keys: list[bytes], *, owners: bool = False) -> Iterator[Findings]:
         """The findings of ``keys`` (32-byte ids), batch by batch in no set order: checked
-        here by ``checker`` over ``get_list``, or by helpers when the level is big. Owners
-        are only kept here (a helper's links come without them)."""
+        here, or by helpers when the level is big. Owners are only kept here (a helper's
+        links come without them)."""
         batches = deque(keys[i : i + BATCH] for i in range(0, len(keys), BATCH))
         if not owners and len(keys) >= MIN_LEVEL:
             self._start()
@@ -242,7 +236,7 @@ class Helpers:
                 # this process from the front, helpers from the back: each reads pages
                 # close together in key order
                 batch = batches.popleft()
-                yield checker(batch, get_list(batch), owners=owners)
+                yield self.checker(batch, self.backend.get_list(batch), owners=owners)
             elif any(h.held for h in self._helpers):
                 self._wait(batches)
             else:
@@ -256,7 +250,7 @@ class Helpers:
         hello = Hello(
             f"{cls.__module__}:{cls.__qualname__}",
             self._url,
-            self.canonical,
+            self.checker.canonical,
             encoding.record_modules(),
         )
         for _ in range(self.jobs - 1):

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from medomni_cas.store._checks import BatchChecker, Findings
+from medomni_cas.store._checks import Findings
+from medomni_cas.store._helpers import BATCH as _BATCH
 from medomni_cas.store._helpers import Helpers
 from medomni_cas.store._links import batch_links, unseen
 from medomni_cas.store.ids import ID_SIZE, ObjectId, parse_id
@@ -53,7 +54,6 @@ CORRUPT = "corrupt"
 MISSING = "missing"
 MALFORMED = "malformed"
 DANGLING_REF = "dangling-ref"
-_BATCH = 4096
 _FIRST_BYTE = operator.itemgetter(0)
 
 
@@ -87,7 +87,6 @@ class _Checker:
         self.bad: set[bytes] = set()  # corrupt or malformed: their links are not followed
         self.checked = 0
         self.problems: dict[tuple[str, str], Problem] = {}
-        self.batch = BatchChecker(canonical=True)
         self.helpers = Helpers(self.backend, canonical=True, jobs=jobs)
 
     def report(self, kind: str, key: str, message: str, ref: str = "") -> None:
@@ -147,7 +146,7 @@ class _Checker:
             frontier.sort(key=_FIRST_BYTE)
             nxt: list[bytes] = []
             gone: list[bytes] = []
-            for f in self.helpers.check(frontier, self.batch, self.backend.get_list):
+            for f in self.helpers.check(frontier):
                 gone += f.absent
                 nxt += unseen(self.seen, self.findings(f, via, ref))
             if gone:
@@ -194,7 +193,7 @@ class _Checker:
     def scan(self) -> None:
         """Check every stored object the walk did not reach."""
         keys = self._ids([k for k in self.backend.iter_keys() if k not in self.seen])
-        for f in self.helpers.check(keys, self.batch, self.backend.get_list):
+        for f in self.helpers.check(keys):
             for key in f.absent:
                 # Listed but unreadable: gone since the listing (a concurrent gc), or its
                 # bytes are lost (an LMDB large-object marker without its file).
