@@ -201,6 +201,21 @@ def test_batch_check_never_passes_what_the_full_check_refuses() -> None:
     assert {i for i, r in enumerate(GOOD) if isinstance(r, AnyRec)} <= set(doubtful)
 
 
+def test_a_malformed_object_leaves_no_header_behind() -> None:
+    """The headers of one batch speed up the next; a malformed object's would-be header
+    (here b"") must not be kept, or every later object would be grouped with it and take
+    the slow path (as it did after fsck met one)."""
+    garbage = b"\xc1 not msgpack at all"
+    batch_links([garbage])
+    batch_check([garbage])
+    datas = [encoding.encode(r) for r in GOOD]
+    _, _, doubtful = batch_check(datas)
+    assert not {i for i, r in enumerate(GOOD) if isinstance(r, FastRec)} & set(doubtful)
+    ids, owners, errors = batch_links(datas, ordered=True)
+    assert not errors
+    assert _per_owner(ids, owners, len(datas)) == [_links_or_error(d) for d in datas]
+
+
 def test_mismatches_and_unseen() -> None:
     datas = [b"a", b"", b"c" * 5000]
     keys = [hash_bytes(d) for d in datas]

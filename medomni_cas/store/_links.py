@@ -459,17 +459,26 @@ def _tree_kind() -> _Kind:
     )
 
 
+def _is_header(head: bytes) -> bool:
+    """Whether ``head`` is a whole header of canonical bytes: fixarray(3), the kind as a
+    fixstr (kinds are short) and the version as a positive fixint. Then an object whose
+    bytes start with it is of that kind and version, and of no other."""
+    return (
+        len(head) >= 4
+        and head[0] == 0x93
+        and 0xA0 <= head[1] <= 0xBF
+        and head[-1] < 0x80
+        and len(head) == head[1] - 0xA0 + 3
+    )
+
+
 def _kind(head: bytes) -> _Kind | None:
     """How to read objects opening with ``head``; None: one at a time, generically."""
     got = _KINDS.get(head)
     if got is not None:
         return got
-    # canonical bytes open with fixarray(3), the kind as a fixstr (kinds are short) and the
-    # version as a positive fixint; anything else is read one object at a time
-    if len(head) < 4 or head[0] != 0x93 or not 0xA0 <= head[1] <= 0xBF or head[-1] >= 0x80:
-        return None
-    if len(head) != head[1] - 0xA0 + 3:
-        return None
+    if not _is_header(head):
+        return None  # read one object at a time
     try:
         kind = head[2:-1].decode()
     except UnicodeDecodeError:
@@ -605,7 +614,10 @@ def _groups(datas: Sequence[bytes]) -> list[_Group]:
         idx, rest = list(compress(idx, miss)), list(compress(rest, miss))
     if rest:
         out += _grouped(idx, rest)
-    _recent = [head for head, _, _ in sorted(out, key=lambda g: -len(g[1]))][:8]
+    # only whole headers: a malformed object's "header" may be b"" or a few bytes that
+    # other objects also start with, which would group them with it
+    ranked = sorted(out, key=lambda g: -len(g[1]))
+    _recent = [head for head, _, _ in ranked if _is_header(head)][:8]
     return out
 
 
