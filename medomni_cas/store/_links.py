@@ -125,26 +125,43 @@ _KINDS: dict[bytes, _Kind] = {}
 
 
 # -- schemas ------------------------------------------------------------------------------------
-def _may_link(tp: Any, seen: set[type]) -> bool:
-    """Can a value of type ``tp`` hold a link? Unknown types count as yes (safe side)."""
+def _may_hold(tp: Any, leaf: Callable[[Any], bool], seen: set[type]) -> bool:
+    """Can a value of type ``tp`` hold a value that ``leaf`` says yes to? Structs, unions and
+    containers are looked into (a struct met again higher up adds nothing); literals hold
+    none; any other type is asked of ``leaf``."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        if tp in seen:
+            return False  # already being asked about, higher up
+        seen.add(tp)
+        return any(_may_hold(f.type, leaf, seen) for f in msgspec.structs.fields(tp))
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return False
+    if origin is not None or isinstance(tp, types.UnionType):
+        return any(_may_hold(a, leaf, seen) for a in typing.get_args(tp) if a is not Ellipsis)
+    return leaf(tp)
+
+
+def _link_leaf(tp: Any) -> bool:
+    """Can a value of this (non-container) type be a link? Unknown types count as yes."""
     if tp is Any or tp is object:
         return True
     if isinstance(tp, type):
         if issubclass(tp, ObjectId):
             return True
-        if issubclass(tp, msgspec.Struct):
-            if tp in seen:
-                return False  # already being asked about, higher up
-            seen.add(tp)
-            return any(_may_link(f.type, seen) for f in msgspec.structs.fields(tp))
         if tp in (str, int, float, bool, bytes, bytearray, type(None)):
             return False
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        return False
-    if origin is not None or isinstance(tp, types.UnionType):
-        return any(_may_link(a, seen) for a in typing.get_args(tp) if a is not Ellipsis)
     return not (isinstance(tp, type) and issubclass(tp, (str, int, float, bytes)))
+
+
+def _float_leaf(tp: Any) -> bool:
+    """Can a value of this (non-container) type be a float? Unknown types count as yes."""
+    return not (tp in (str, int, bool, bytes, type(None)) or _is_id(tp))
+
+
+def _may_link(tp: Any, seen: set[type]) -> bool:
+    """Can a value of type ``tp`` hold a link? Unknown types count as yes (safe side)."""
+    return _may_hold(tp, _link_leaf, seen)
 
 
 def _link_fields(cls: type[msgspec.Struct]) -> list[msgspec.structs.FieldInfo]:
@@ -399,19 +416,7 @@ def _mirror_struct(cls: type[msgspec.Struct], memo: dict[type, type | None]) -> 
 
 def _has_float(tp: Any, seen: set[type]) -> bool:
     """Can a value of type ``tp`` hold a float? (Unknown types count as yes.)"""
-    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-        if tp in seen:
-            return False
-        seen.add(tp)
-        return any(_has_float(f.type, seen) for f in msgspec.structs.fields(tp))
-    if tp in (str, int, bool, bytes, type(None)) or _is_id(tp):
-        return False
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        return False
-    if origin is not None or isinstance(tp, types.UnionType):
-        return any(_has_float(a, seen) for a in typing.get_args(tp) if a is not Ellipsis)
-    return True
+    return _may_hold(tp, _float_leaf, seen)
 
 
 def _mirror(
