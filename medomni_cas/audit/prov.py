@@ -33,6 +33,7 @@ declared in the same document.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from medomni_cas.audit._common import arm_label, load_result, split_pair
@@ -104,14 +105,23 @@ class _Doc:
             self.rel("wasGeneratedBy", entity=entity, activity=activity)
 
 
-def to_prov_json(
-    store: Store, result: str | ObjectId, *, max_items: int = MAX_ITEMS
-) -> dict[str, Any]:
-    """The PROV-JSON document of ``result`` (an id, a unique prefix or a ref name); see the
-    module docstring for the mapping and for ``max_items``."""
+@dataclass(frozen=True)
+class _Inputs:
+    """What the document is made from: the result and every record it links, read once."""
+
+    rid: ObjectId
+    res: Any
+    ts: TaskSetRecord
+    sb: SetBuild
+    jobs: dict[ObjectId, JobRecord]
+    agents: dict[ObjectId, AgentConfig]
+    builds: dict[ObjectId, BuildResult]
+    configs: dict[ObjectId, BuildConfig]
+    detailed: bool
+
+
+def _read(store: Store, result: str | ObjectId, max_items: int) -> _Inputs:
     rid, res = load_result(store, result)
-    doc = _Doc()
-    ts = store.get(res.task_set, TaskSetRecord)
     sb = store.get(res.set_build, SetBuild)
     jobs = dict(store.get_many(list(dict.fromkeys(res.jobs)), JobRecord))
     agents = dict(
@@ -121,9 +131,42 @@ def to_prov_json(
     configs = dict(store.get_many(list(dict.fromkeys(e.config for e in sb.entries)), BuildConfig))
     n_atoms = sum(len(b.atoms) for b in builds.values())
     n_runs = sum(len(j.runs) for j in jobs.values())
-    detailed = n_atoms + n_runs <= max_items
+    return _Inputs(
+        rid=rid,
+        res=res,
+        ts=store.get(res.task_set, TaskSetRecord),
+        sb=sb,
+        jobs=jobs,
+        agents=agents,
+        builds=builds,
+        configs=configs,
+        detailed=n_atoms + n_runs <= max_items,
+    )
 
-    # -- the result, its scorer and the scoring ---------------------------------------------
+
+def to_prov_json(
+    store: Store, result: str | ObjectId, *, max_items: int = MAX_ITEMS
+) -> dict[str, Any]:
+    """The PROV-JSON document of ``result`` (an id, a unique prefix or a ref name); see the
+    module docstring for the mapping and for ``max_items``."""
+    inputs = _read(store, result, max_items)
+    doc = _Doc()
+    result_e, score, sb_e = _add_scoring(doc, inputs)
+    atom_entities: dict[bytes, str] = {}
+    for entry in inputs.sb.entries:
+        _add_build(doc, store, inputs, entry, sb_e, atom_entities)
+    _add_answers(doc, store, inputs, result_e, score)
+    build_of_entry: dict[tuple[str, str], list[str]] = {}
+    for e in inputs.sb.entries:
+        build_of_entry.setdefault((e.arm, e.arm_variant), []).append(_e(e.result))
+    for jid in inputs.res.jobs:
+        _add_job(doc, store, inputs, jid, result_e, score, atom_entities, build_of_entry)
+    return {"prefix": dict(PREFIXES), **doc.sections}
+
+
+def _add_scoring(doc: _Doc, inputs: _Inputs) -> tuple[str, str, str]:
+    """The result, its scorer, the scoring activity, the task set and the set build."""
+    res, rid, ts = inputs.res, inputs.rid, inputs.ts
     scorer = doc.node(
         "agent",
         f"medomni-agent:scorer-{res.scorer}-{res.scorer_version}",
@@ -167,100 +210,114 @@ def to_prov_json(
     doc.rel("used", activity=score, entity=sb_e)
     doc.rel("wasDerivedFrom", generatedEntity=sb_e, usedEntity=ts_e)
     doc.rel("wasDerivedFrom", generatedEntity=result_e, usedEntity=sb_e)
+    return result_e, score, sb_e
 
-    # -- builds ------------------------------------------------------------------------------
-    atom_entities: dict[bytes, str] = {}
-    for entry in sb.entries:
-        b = builds[entry.result]
-        cfg = configs[entry.config]
-        label = f"{entry.pair} {arm_label(entry.arm, entry.arm_variant)}"
-        template, cohort = split_pair(cfg.pair)
-        builder = doc.node(
-            "agent",
-            f"medomni-agent:builder-{cfg.builder}-{cfg.builder_version}",
-            prov__type=_q("prov:SoftwareAgent"),
-            prov__label=f"{cfg.builder} {cfg.builder_version}",
-            medomni__version=cfg.builder_version,
-            medomni__medomni_release=cfg.medomni_release,
-        )
-        dataset = doc.node(
+
+def _add_build(
+    doc: _Doc,
+    store: Store,
+    inputs: _Inputs,
+    entry: Any,
+    sb_e: str,
+    atom_entities: dict[bytes, str],
+) -> None:
+    """One pair under one arm: its config hash, builder, dataset release, build activity,
+    the build, its content and answer key, and (when detailed) its atom tasks."""
+    b = inputs.builds[entry.result]
+    cfg = inputs.configs[entry.config]
+    label = f"{entry.pair} {arm_label(entry.arm, entry.arm_variant)}"
+    template, cohort = split_pair(cfg.pair)
+    builder = doc.node(
+        "agent",
+        f"medomni-agent:builder-{cfg.builder}-{cfg.builder_version}",
+        prov__type=_q("prov:SoftwareAgent"),
+        prov__label=f"{cfg.builder} {cfg.builder_version}",
+        medomni__version=cfg.builder_version,
+        medomni__medomni_release=cfg.medomni_release,
+    )
+    dataset = doc.node(
+        "entity",
+        f"medomni-dataset:{cfg.dataset}@{cfg.dataset_release}",
+        prov__type=_q("medomni:dataset-release"),
+        prov__label=f"{cfg.dataset} {cfg.dataset_release}",
+    )
+    cfg_e = doc.node(
+        "entity",
+        _e(entry.config),
+        prov__type=_q("medomni:build-config"),
+        prov__label=f"config hash of {label}",
+        medomni__pair=cfg.pair,
+        medomni__template=str(cfg.template.get("name", template)),
+        medomni__cohort=cohort,
+        medomni__version=cfg.version,
+        medomni__arm=arm_label(cfg.arm, cfg.arm_variant),
+        medomni__builder=f"{cfg.builder} {cfg.builder_version}",
+        medomni__medomni_release=cfg.medomni_release,
+        medomni__dataset=f"{cfg.dataset} {cfg.dataset_release}",
+    )
+    doc.rel("wasDerivedFrom", generatedEntity=cfg_e, usedEntity=dataset)
+    act = doc.node(
+        "activity",
+        f"medomni:build-{entry.result.hex()}",
+        prov__type=_q("medomni:build"),
+        prov__label=f"build {label}",
+    )
+    doc.rel("wasAssociatedWith", activity=act, agent=builder)
+    doc.rel("used", activity=act, entity=cfg_e)
+    doc.rel("used", activity=act, entity=dataset)
+    build_e = doc.node(
+        "entity",
+        _e(entry.result),
+        prov__type=_q("medomni:build"),
+        prov__label=f"build of {label}",
+        medomni__version=entry.version,
+        medomni__atoms=len(b.atoms),
+    )
+    doc.generated_by(build_e, act)
+    doc.rel("wasAttributedTo", entity=build_e, agent=builder)
+    doc.rel("wasDerivedFrom", generatedEntity=build_e, usedEntity=cfg_e)
+    doc.rel("wasDerivedFrom", generatedEntity=sb_e, usedEntity=build_e)
+    content = doc.node(
+        "entity",
+        _e(b.content),
+        prov__type=_q("medomni:content"),
+        prov__label=f"evidence of {entry.pair}",
+    )
+    key = doc.node(
+        "entity",
+        _e(b.answer_key),
+        prov__type=_q("medomni:answer-key"),
+        prov__label=f"answer key of {entry.pair}",
+    )
+    doc.generated_by(content, act)
+    doc.generated_by(key, act)
+    doc.rel("wasDerivedFrom", generatedEntity=build_e, usedEntity=content)
+    if not inputs.detailed:
+        return
+    for aid, atom in store.get_many(list(dict.fromkeys(b.atoms)), AtomTask):
+        ent = doc.node(
             "entity",
-            f"medomni-dataset:{cfg.dataset}@{cfg.dataset_release}",
-            prov__type=_q("medomni:dataset-release"),
-            prov__label=f"{cfg.dataset} {cfg.dataset_release}",
+            _e(aid),
+            prov__type=_q("medomni:atom-task"),
+            prov__label=f"{atom.pair} {arm_label(atom.arm, atom.arm_variant)} "
+            f"patient {atom.patient}",
+            medomni__patient=atom.patient,
         )
-        cfg_e = doc.node(
-            "entity",
-            _e(entry.config),
-            prov__type=_q("medomni:build-config"),
-            prov__label=f"config hash of {label}",
-            medomni__pair=cfg.pair,
-            medomni__template=str(cfg.template.get("name", template)),
-            medomni__cohort=cohort,
-            medomni__version=cfg.version,
-            medomni__arm=arm_label(cfg.arm, cfg.arm_variant),
-            medomni__builder=f"{cfg.builder} {cfg.builder_version}",
-            medomni__medomni_release=cfg.medomni_release,
-            medomni__dataset=f"{cfg.dataset} {cfg.dataset_release}",
-        )
-        doc.rel("wasDerivedFrom", generatedEntity=cfg_e, usedEntity=dataset)
-        act = doc.node(
-            "activity",
-            f"medomni:build-{entry.result.hex()}",
-            prov__type=_q("medomni:build"),
-            prov__label=f"build {label}",
-        )
-        doc.rel("wasAssociatedWith", activity=act, agent=builder)
-        doc.rel("used", activity=act, entity=cfg_e)
-        doc.rel("used", activity=act, entity=dataset)
-        build_e = doc.node(
-            "entity",
-            _e(entry.result),
-            prov__type=_q("medomni:build"),
-            prov__label=f"build of {label}",
-            medomni__version=entry.version,
-            medomni__atoms=len(b.atoms),
-        )
-        doc.generated_by(build_e, act)
-        doc.rel("wasAttributedTo", entity=build_e, agent=builder)
-        doc.rel("wasDerivedFrom", generatedEntity=build_e, usedEntity=cfg_e)
-        doc.rel("wasDerivedFrom", generatedEntity=sb_e, usedEntity=build_e)
-        content = doc.node(
-            "entity",
-            _e(b.content),
-            prov__type=_q("medomni:content"),
-            prov__label=f"evidence of {entry.pair}",
-        )
-        key = doc.node(
-            "entity",
-            _e(b.answer_key),
-            prov__type=_q("medomni:answer-key"),
-            prov__label=f"answer key of {entry.pair}",
-        )
-        doc.generated_by(content, act)
-        doc.generated_by(key, act)
-        doc.rel("wasDerivedFrom", generatedEntity=build_e, usedEntity=content)
-        if detailed:
-            for aid, atom in store.get_many(list(dict.fromkeys(b.atoms)), AtomTask):
-                ent = doc.node(
-                    "entity",
-                    _e(aid),
-                    prov__type=_q("medomni:atom-task"),
-                    prov__label=f"{atom.pair} {arm_label(atom.arm, atom.arm_variant)} "
-                    f"patient {atom.patient}",
-                    medomni__patient=atom.patient,
-                )
-                atom_entities[aid] = ent
-                doc.generated_by(ent, act)
-                doc.rel("wasDerivedFrom", generatedEntity=ent, usedEntity=cfg_e)
-    for k in res.answer_keys:
+        atom_entities[aid] = ent
+        doc.generated_by(ent, act)
+        doc.rel("wasDerivedFrom", generatedEntity=ent, usedEntity=cfg_e)
+
+
+def _add_answers(doc: _Doc, store: Store, inputs: _Inputs, result_e: str, score: str) -> None:
+    """The answer keys the scoring used, and their columns in the jobs' row order."""
+    for k in inputs.res.answer_keys:
         doc.rel(
             "used",
             activity=score,
             entity=doc.node("entity", _e(k), prov__type=_q("medomni:answer-key")),
         )
         doc.rel("wasDerivedFrom", generatedEntity=result_e, usedEntity=_e(k))
-    for c in res.answer_columns:  # the answer keys as columns, in the jobs' row order
+    for c in inputs.res.answer_columns:
         doc.rel(
             "used",
             activity=score,
@@ -269,79 +326,86 @@ def to_prov_json(
         for k in store.get(c, AnswerColumns).answer_keys:
             doc.rel("wasDerivedFrom", generatedEntity=_e(c), usedEntity=_e(k))
 
-    # -- jobs and runs -------------------------------------------------------------------------
-    build_of_entry: dict[tuple[str, str], list[str]] = {}
-    for e in sb.entries:
-        build_of_entry.setdefault((e.arm, e.arm_variant), []).append(_e(e.result))
-    for jid in res.jobs:
-        job = jobs[jid]
-        agent_cfg = agents[job.agent_config]
-        runs = [r for _, r in store.get_many(job.runs, RunRecord)]
-        served = Counter(r.served_model or "(not reported)" for r in runs)
-        agent = doc.node(
-            "agent",
-            _e(job.agent_config),
-            prov__type=_q("prov:SoftwareAgent"),
-            prov__label=agent_cfg.name,
-            medomni__kind=agent_cfg.kind,
-            medomni__agent=agent_cfg.agent,
-            medomni__model=agent_cfg.model,
-            medomni__route=agent_cfg.route,
-            medomni__scaffold=agent_cfg.scaffold,
-            medomni__served_model=agent_cfg.served_model,
-        )
-        act = doc.node(
-            "activity",
-            f"medomni:job-{jid.hex()}",
-            prov__type=_q("medomni:job"),
-            prov__label=job.name,
-            # PROV-JSON writes activity times as plain xsd:dateTime strings
-            prov__startTime=min((r.started for r in runs), default=job.started),
-            prov__endTime=max(r.finished for r in runs) if runs else None,
-            medomni__arm=arm_label(job.arm, job.arm_variant),
-            medomni__repetition=job.repetition,
-            medomni__runner=job.runner,
-            medomni__served_models=", ".join(f"{m} ({n})" for m, n in served.most_common()),
-        )
-        doc.rel("wasAssociatedWith", activity=act, agent=agent)
-        job_e = doc.node(
+
+def _add_job(
+    doc: _Doc,
+    store: Store,
+    inputs: _Inputs,
+    jid: ObjectId,
+    result_e: str,
+    score: str,
+    atom_entities: dict[bytes, str],
+    build_of_entry: dict[tuple[str, str], list[str]],
+) -> None:
+    """One job: its agent config, the job activity, the job record, its predictions table
+    and (when detailed) its runs, else the builds it ran."""
+    job = inputs.jobs[jid]
+    agent_cfg = inputs.agents[job.agent_config]
+    runs = [r for _, r in store.get_many(job.runs, RunRecord)]
+    served = Counter(r.served_model or "(not reported)" for r in runs)
+    agent = doc.node(
+        "agent",
+        _e(job.agent_config),
+        prov__type=_q("prov:SoftwareAgent"),
+        prov__label=agent_cfg.name,
+        medomni__kind=agent_cfg.kind,
+        medomni__agent=agent_cfg.agent,
+        medomni__model=agent_cfg.model,
+        medomni__route=agent_cfg.route,
+        medomni__scaffold=agent_cfg.scaffold,
+        medomni__served_model=agent_cfg.served_model,
+    )
+    act = doc.node(
+        "activity",
+        f"medomni:job-{jid.hex()}",
+        prov__type=_q("medomni:job"),
+        prov__label=job.name,
+        # PROV-JSON writes activity times as plain xsd:dateTime strings
+        prov__startTime=min((r.started for r in runs), default=job.started),
+        prov__endTime=max(r.finished for r in runs) if runs else None,
+        medomni__arm=arm_label(job.arm, job.arm_variant),
+        medomni__repetition=job.repetition,
+        medomni__runner=job.runner,
+        medomni__served_models=", ".join(f"{m} ({n})" for m, n in served.most_common()),
+    )
+    doc.rel("wasAssociatedWith", activity=act, agent=agent)
+    job_e = doc.node(
+        "entity",
+        _e(jid),
+        prov__type=_q("medomni:job"),
+        prov__label=job.name,
+        medomni__runs=len(job.runs),
+        medomni__attempts=job.attempts,
+    )
+    table = doc.node(
+        "entity",
+        _e(job.predictions),
+        prov__type=_q("medomni:prediction-table"),
+        prov__label=f"predictions of {job.name}",
+    )
+    doc.generated_by(job_e, act)
+    doc.generated_by(table, act)
+    doc.rel("wasAttributedTo", entity=table, agent=agent)
+    doc.rel("used", activity=score, entity=table)
+    doc.rel("wasDerivedFrom", generatedEntity=result_e, usedEntity=table)
+    if not inputs.detailed:
+        for build in build_of_entry.get((job.arm, job.arm_variant), []):
+            doc.rel("used", activity=act, entity=build)
+        return
+    for rid_, run in zip(job.runs, runs, strict=True):
+        ent = doc.node(
             "entity",
-            _e(jid),
-            prov__type=_q("medomni:job"),
-            prov__label=job.name,
-            medomni__runs=len(job.runs),
-            medomni__attempts=job.attempts,
+            _e(rid_),
+            prov__type=_q("medomni:run"),
+            prov__label=f"run {run.run_id[:12]} attempt {run.attempt}",
+            medomni__outcome=run.outcome,
+            medomni__served_model=run.served_model or None,
+            medomni__elapsed_ms=run.elapsed_ms,
         )
-        table = doc.node(
-            "entity",
-            _e(job.predictions),
-            prov__type=_q("medomni:prediction-table"),
-            prov__label=f"predictions of {job.name}",
-        )
-        doc.generated_by(job_e, act)
-        doc.generated_by(table, act)
-        doc.rel("wasAttributedTo", entity=table, agent=agent)
-        doc.rel("used", activity=score, entity=table)
-        doc.rel("wasDerivedFrom", generatedEntity=result_e, usedEntity=table)
-        if detailed:
-            for rid_, run in zip(job.runs, runs, strict=True):
-                ent = doc.node(
-                    "entity",
-                    _e(rid_),
-                    prov__type=_q("medomni:run"),
-                    prov__label=f"run {run.run_id[:12]} attempt {run.attempt}",
-                    medomni__outcome=run.outcome,
-                    medomni__served_model=run.served_model or None,
-                    medomni__elapsed_ms=run.elapsed_ms,
-                )
-                doc.generated_by(ent, act)
-                doc.rel("wasAttributedTo", entity=ent, agent=agent)
-                atom = atom_entities.get(run.atom)
-                if atom is None:  # an atom of another build than the result's (flagged by show)
-                    atom = doc.node("entity", _e(run.atom), prov__type=_q("medomni:atom-task"))
-                doc.rel("used", activity=act, entity=atom)
-                doc.rel("wasDerivedFrom", generatedEntity=ent, usedEntity=atom)
-        else:
-            for build in build_of_entry.get((job.arm, job.arm_variant), []):
-                doc.rel("used", activity=act, entity=build)
-    return {"prefix": dict(PREFIXES), **doc.sections}
+        doc.generated_by(ent, act)
+        doc.rel("wasAttributedTo", entity=ent, agent=agent)
+        atom = atom_entities.get(run.atom)
+        if atom is None:  # an atom of another build than the result's (flagged by show)
+            atom = doc.node("entity", _e(run.atom), prov__type=_q("medomni:atom-task"))
+        doc.rel("used", activity=act, entity=atom)
+        doc.rel("wasDerivedFrom", generatedEntity=ent, usedEntity=atom)
