@@ -25,7 +25,7 @@ from medomni_cas.schemas.fields import (
     structs_of,
 )
 from medomni_cas.schemas.files import UserFile
-from medomni_cas.schemas.markdown import reference_index, reference_page
+from medomni_cas.schemas.markdown import modeline, reference_index, reference_page
 from medomni_cas.studio import labels
 from medomni_cas.studio.specfile import SpecError, Version, load_yaml
 from medomni_cas.workspace import load_workspace
@@ -146,7 +146,7 @@ def test_every_example_yaml_file_has_exactly_one_schema() -> None:
     for f in FILES:
         for path in _examples(f):
             kinds.setdefault(path, []).append(f.name)
-    every = {p for p in EXAMPLES.rglob("*.yaml")} | set(ROOT.glob("*.yaml"))
+    every = set(EXAMPLES.rglob("*.yaml")) | {p for p in [ROOT / "workspace.yaml"] if p.is_file()}
     assert {p for p in every if p not in kinds} == set(), "YAML files no schema covers"
     assert {p: k for p, k in kinds.items() if len(k) != 1} == {}
     assert {k[0] for k in kinds.values()} >= {f.name for f in FILES} - {"workspace"}
@@ -279,3 +279,11 @@ def test_the_workspace_schema_has_the_loaders_keys(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="colour"):
         load_workspace(tmp_path)
     assert not _validator(f).is_valid({**every, "colour": "red"})
+
+
+def test_the_modeline_climbs_from_the_files_place_to_the_workspace_root(tmp_path: Path) -> None:
+    for f in FILES:
+        line = modeline(f)
+        target = line.split("$schema=", 1)[1]
+        here = tmp_path / f.where.replace("<", "").replace(">", "")
+        assert (here.parent / target).resolve() == tmp_path / "schemas" / f"{f.name}.schema.json"

@@ -22,11 +22,11 @@ from medomni_cas.schemas.fields import (
     struct_doc,
     structs_of,
 )
-from medomni_cas.schemas.files import FILES, UserFile
+from medomni_cas.schemas.files import FILES, UserFile, user_file
 from medomni_cas.studio.labels import Recipe
 from medomni_cas.studio.specfile import Version
 
-__all__ = ["reference_index", "reference_page", "type_text"]
+__all__ = ["modeline", "reference_index", "reference_page", "type_text"]
 
 _RECIPES_ANCHOR = "label-recipes"
 _SCALARS: dict[type, str] = {
@@ -37,6 +37,13 @@ _SCALARS: dict[type, str] = {
     mi.NoneType: "null",
     mi.AnyType: "any",
 }
+
+
+def modeline(f: UserFile, schema_folder: str = "schemas") -> str:
+    """The first line that points yaml-language-server at ``f``'s schema, for a file at its
+    place in a workspace whose schemas are in ``schema_folder`` at its root."""
+    up = "../" * f.where.count("/")
+    return f"# yaml-language-server: $schema={up}{schema_folder}/{f.name}.schema.json"
 
 
 def _anchor(cls: type) -> str:
@@ -101,6 +108,13 @@ def reference_page(f: UserFile, *, schema_url: str, example: tuple[str, str] | N
         f"`{f.where}` · JSON Schema: [{f.name}.schema.json]({schema_url})",
         "",
         plain(root.text),
+        "",
+        "To have an editor check the file and complete its keys, start it with "
+        "([more](index.md#in-your-editor)):",
+        "",
+        "```yaml",
+        modeline(f),
+        "```",
         "",
         f"This page is generated from `{f.struct.__module__}.{f.struct.__qualname__}` "
         "and the structs it holds: their docstrings are the descriptions below.",
@@ -175,10 +189,11 @@ def reference_index(*, schema_folder: str, schema_urls: dict[str, str]) -> str:
         "JetBrains IDEs) then check each file as you type and complete its keys.",
         "",
         "One file: a comment on its first line, with the schema's path relative to the file "
-        "(or a URL):",
+        "(or a URL). With the schema files in `schemas/` at the workspace's root, a cohort "
+        "file starts with:",
         "",
         "```yaml",
-        "# yaml-language-server: $schema=../../../../schemas/cohort.schema.json",
+        modeline(user_file("cohort")),
         'version: "1.0"',
         "```",
         "",
