@@ -18,12 +18,12 @@ from medomni_cas.studio.schema import Benchmark, Cohort, Dataset, Ladder, TaskSe
 __all__ = ["FILES", "UserFile", "WorkspaceFile", "user_file"]
 
 
+# Until medomni_cas.workspace reads the file into a struct of its own, this one states its keys;
+# the tests check that the workspace loader takes each of them and refuses any other.
 class WorkspaceFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``workspace.yaml``: the store and the folders of a workspace; every key is optional.
 
-    A folder without the file is a workspace with the defaults. Until `medomni_cas.workspace`
-    reads the file into a struct of its own, this one states its keys (the tests check that
-    the workspace loader takes each of them and refuses any other).
+    A folder without the file is a workspace with the defaults.
 
     Fields:
         store: The store's URL; relative ``lmdb://`` and ``file://`` paths are relative to
