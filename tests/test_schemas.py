@@ -27,6 +27,7 @@ from medomni_cas.schemas.fields import (
 from medomni_cas.schemas.files import UserFile
 from medomni_cas.schemas.markdown import modeline, reference_index, reference_page
 from medomni_cas.studio import labels
+from medomni_cas.studio.schema import Cohort
 from medomni_cas.studio.specfile import SpecError, Version, load_yaml
 from medomni_cas.workspace import load_workspace
 
@@ -166,8 +167,8 @@ def test_every_example_file_validates_against_its_schema(f: UserFile) -> None:
 def test_an_unknown_key_is_refused_by_the_schema_and_the_loader(
     f: UserFile, tmp_path: Path
 ) -> None:
-    examples = _examples(f) or [None]
-    data = _read(examples[0]) if examples[0] is not None else {}
+    examples = _examples(f)
+    data = _read(examples[0]) if examples else {}
     data["colour"] = "red"
     path = tmp_path / "file.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
@@ -235,7 +236,7 @@ def test_an_unquoted_version_is_read_as_text_by_both(tmp_path: Path) -> None:
     assert "version: 1.10" in text
     path = tmp_path / "n20.yaml"
     path.write_text(text, encoding="utf-8")
-    assert load_yaml(path, f.struct).version == Version(1, 10)
+    assert load_yaml(path, Cohort).version == Version(1, 10)
     assert _validator(f).is_valid(yaml.safe_load(text))
 
 

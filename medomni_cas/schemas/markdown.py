@@ -151,7 +151,7 @@ def _section(f: UserFile, info: mi.StructType, paths: Sequence[str]) -> list[str
     if cls is f.struct:
         return ["## Top level {#" + _anchor(cls) + "}", "", *_table(info)]
     where = ", ".join(f"`{p}`" for p in paths)
-    head = f"### {cls.__name__}" if cls in BUILTIN_RECIPES else f"## {cls.__name__}"
+    head = f"### {cls.__name__}" if issubclass(cls, Recipe) else f"## {cls.__name__}"
     lines = [head + " {#" + _anchor(cls) + "}", "", f"At {where}."]
     if doc.text:
         lines += ["", plain(doc.text)]
