@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean docker-engine docker-engine-stop
+.PHONY: demo test lint docs bench clean docker-engine docker-engine-stop
 
 $(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml adapters/harbor/pyproject.toml
 	@test -x $(PY) || $$(bash .ci/find-python) -m venv $(VENV)
@@ -27,11 +27,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The reference site, into site/ (git-ignored); --strict makes a broken link or nav entry an
+# error. Its reference pages and schema files are generated from the code by docs/hooks.py.
+docs: $(STAMP)
+	@$(PY) -c 'import mkdocs, material' 2>/dev/null || $(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) -m benchmarks_perf store
 
 clean:
-	rm -rf $(VENV) .medomni .pytest_cache
+	rm -rf $(VENV) .medomni .pytest_cache site
 
 # A private Docker engine in .docker/ (root: installs docker.io, containerd, runc, busybox-static
 # and bash-static from apt when missing), with the base image local/base:1. The tests use it

@@ -37,6 +37,14 @@ class UnknownAgent(MedomniError, KeyError):
 
 
 class LimitsSpec(Spec, kw_only=True):
+    """The run limits of an agent, per atom task; a limit left out is not set.
+
+    Fields:
+        time_sec: Seconds per atom task.
+        tokens: Model tokens per atom task.
+        cost_usd: Cost per atom task, in US dollars.
+    """
+
     time_sec: int | None = None
     tokens: int | None = None
     cost_usd: float | None = None
@@ -49,7 +57,19 @@ class LimitsSpec(Spec, kw_only=True):
 
 
 class Settings(Spec, kw_only=True, forbid_unknown_fields=False):
-    """The scaffold, the model name to check, the limits; other keys are the scaffold's."""
+    """The scaffold, the model name to check, the limits; other keys are the scaffold's.
+
+    Keys other than these three are passed through to the runner as the scaffold's options
+    (``command`` for the process runner, ``source`` for replay) and are part of the agent
+    config's id.
+
+    Fields:
+        scaffold: What drives the model; the runner must know it (``process``, ``replay``, a
+            Harbor agent such as ``terminus-2``).
+        served_model: The model name the provider must report back; a run whose served model
+            differs is an error.
+        limits: Time, token and cost limits per atom task.
+    """
 
     scaffold: str
     served_model: str
@@ -57,6 +77,18 @@ class Settings(Spec, kw_only=True, forbid_unknown_fields=False):
 
 
 class AgentFile(Spec, kw_only=True):
+    """``bench/agents/<name>.yaml``: an agent config; its name is the file's stem.
+
+    Fields:
+        kind: The intelligence kind; v0.3.0 has ``agent``.
+        agent: The agent's name, as results show it.
+        model: The model the scaffold drives.
+        route: ``local`` or ``cloud``: checked against the route policy of each dataset the
+            tasks hold data from.
+        settings: The scaffold, the served model to check, the limits and the scaffold's
+            options.
+    """
+
     kind: str
     agent: str
     model: str

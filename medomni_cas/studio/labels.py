@@ -79,6 +79,13 @@ class Guard(_Spec, kw_only=True):
     Either rows of a table (all of them, or those matching ``where``; only ``column`` of them
     when set) or a whole family. ``period: after`` cuts only rows at or after the prediction
     time, for labels that look ahead and leave the past as fair evidence.
+
+    Fields:
+        table: The table whose rows are cut (give this or ``family``).
+        family: The family cut whole (give this or ``table``).
+        column: Cut only this column of the matching rows; every column if left out.
+        where: ``column: value`` pairs the cut rows match; empty for every row.
+        period: ``all`` rows, or only those ``after`` (at or after) the prediction time.
     """
 
     table: str | None = None
@@ -98,7 +105,12 @@ class Guard(_Spec, kw_only=True):
 
 class Bins(_Spec, kw_only=True):
     """Edges that turn a number into a class: ``classes[i]`` holds values in
-    ``[edges[i-1], edges[i])``, so each edge belongs to the class above it."""
+    ``[edges[i-1], edges[i])``, so each edge belongs to the class above it.
+
+    Fields:
+        edges: Strictly increasing finite numbers.
+        classes: One more class name than edges, lowest first; unique.
+    """
 
     edges: tuple[float, ...]
     classes: tuple[str, ...]
@@ -165,7 +177,19 @@ class Recipe:
 
 class _TableRecipe(_Spec, Recipe, kw_only=True, tag_field="recipe"):
     """A value of ``column`` in the rows of ``table`` that match ``where``, numeric unless
-    ``bins`` turns it into a class."""
+    ``bins`` turns it into a class.
+
+    Fields:
+        recipe: The recipe kind, which picks the fields below.
+        name: The label's name, as a template's targets name it.
+        description: What the label is, for people.
+        table: The table the value is read from (it must have a ``time_column``).
+        column: The numeric column holding the value.
+        where: ``column: value`` pairs the rows match, such as ``{test: eGFR}``.
+        bins: Edges that turn the number into a class; a numeric label without them.
+        guards: What else to cut from the evidence, beyond the rows the recipe reads (such as
+            a lab computed from the same measurement).
+    """
 
     name: str
     description: str = ""
@@ -226,6 +250,15 @@ class FunctionRecipe(_Spec, Recipe, kw_only=True, tag_field="recipe"):
     The function is called as ``fn(table, requests, patient_key=..., time_column=...,
     **params)`` and returns one value per request (a class name, a number, or None). It
     cannot say what it reads, so the file must declare its ``guards``.
+
+    Fields:
+        recipe: The name the function is registered under (``medomni.labels``).
+        name: The label's name, as a template's targets name it.
+        description: What the label is, for people.
+        table: The table passed to the function.
+        classes: The class names of a classification label; empty for a numeric one.
+        params: Keyword arguments passed to the function.
+        guards: What the function reads, cut from the evidence; at least one.
     """
 
     name: str

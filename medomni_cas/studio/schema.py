@@ -74,7 +74,16 @@ TABLE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
 # -- dataset.yaml ----------------------------------------------------------------------------
 class Table(Spec, kw_only=True):
     """One table of the dataset: a Parquet or CSV file (relative to the dataset folder), the
-    family its columns belong to, and its time column (none for a static table)."""
+    family its columns belong to, and its time column (none for a static table).
+
+    Fields:
+        name: The table's name, as a template's ``input.tables`` and label recipes name it.
+        file: The file, relative to the dataset folder: ``.parquet``, ``.csv`` or ``.csv.gz``.
+        family: The input family its columns belong to; atom tasks stage evidence by family.
+        time_column: The column holding each row's time; leave it out for a static table
+            (one row per patient, such as demographics).
+        description: What the table holds, for people.
+    """
 
     name: str
     file: str
@@ -92,7 +101,16 @@ class Table(Spec, kw_only=True):
 class ArrayFamily(Spec, kw_only=True):
     """A family stored as zarr v3 arrays: a ``.zarr`` folder, or (with ``ref``) a medomni
     store folder whose ref ``ref`` names the hierarchy's tree (`medomni_cas.views.zarr_store`).
-    Paths are relative to the dataset folder."""
+    Paths are relative to the dataset folder.
+
+    Fields:
+        name: The family's name; not also the family of a table.
+        store: A ``.zarr`` folder, or (with ``ref``) a medomni store folder, relative to the
+            dataset folder.
+        ref: The ref in ``store`` that names the zarr hierarchy's tree; empty for a
+            ``.zarr`` folder.
+        description: What the arrays hold, for people.
+    """
 
     name: str
     store: str
@@ -119,7 +137,13 @@ class ArrayFamily(Spec, kw_only=True):
 
 class Route(Spec, kw_only=True):
     """May data of this dataset go through a route: allow, deny, or conditional (with the
-    conditions the harness prints before a run)."""
+    conditions the harness prints before a run).
+
+    Fields:
+        policy: ``allow``, ``deny`` (the harness refuses the run) or ``conditional``.
+        conditions: What you must meet to use a conditional route; printed before a run, and
+            accepted with ``bench run --accept-conditions``. Only a conditional route has them.
+    """
 
     policy: str
     conditions: str = ""
@@ -134,12 +158,33 @@ class Route(Spec, kw_only=True):
 
 
 class Routes(Spec, kw_only=True):
+    """The dataset's policy for each agent route (an agent config's ``route``).
+
+    Fields:
+        local: Agents whose model runs on your machine.
+        cloud: Agents whose model is a provider's service.
+    """
+
     local: Route
     cloud: Route
 
 
 class Dataset(Spec, kw_only=True):
-    """``studio/datasets/<dataset>/dataset.yaml``."""
+    """``studio/datasets/<dataset>/dataset.yaml``: a dataset release, its tables and array
+    families, its route policies and its library of label recipes.
+
+    Fields:
+        name: The dataset's name; must be its folder's name.
+        release: The dataset's release; part of every config hash built from it.
+        description: What the dataset is, for people.
+        patient_key: The column naming the patient in every table (a pseudonymous key).
+        credentialed: Whether access needs credentials: a task set over it is published as
+            configs only, and others rebuild it from their own access.
+        routes: Whether data may go to a local or a cloud model.
+        tables: The dataset's tables; at least one.
+        arrays: Families stored as zarr arrays (such as waveforms).
+        labels: The label recipes templates' targets name; each computes one answer per patient.
+    """
 
     name: str
     release: str
@@ -179,6 +224,17 @@ class Dataset(Spec, kw_only=True):
 
 # -- template.yaml ---------------------------------------------------------------------------
 class Target(Spec, kw_only=True):
+    """One target of a template: a label from the dataset's library, the metric that scores
+    it, and the question put to the agent.
+
+    Fields:
+        label: The name of a label recipe in the dataset's ``labels``.
+        metric: How predictions are scored; a classification metric for a label with
+            classes, a numeric one for a number.
+        question: The question for this target in the instruction; "your prediction" if left
+            out.
+    """
+
     label: str
     metric: str
     question: str | None = None
@@ -189,7 +245,13 @@ class Target(Spec, kw_only=True):
 
 
 class Input(Spec, kw_only=True):
-    """The tables and families the proposal named, kept as a record."""
+    """The tables and families the proposal named, kept as a record.
+
+    Fields:
+        tables: Tables of the dataset the proposal named.
+        families: The families the proposal named; at least one. The modality ladder's rungs
+            add families from this list.
+    """
 
     tables: tuple[str, ...] = ()
     families: tuple[str, ...]
@@ -202,6 +264,13 @@ class Input(Spec, kw_only=True):
 
 
 class Timeouts(Spec, kw_only=True):
+    """How long an atom task may take.
+
+    Fields:
+        agent_sec: Seconds the agent has.
+        verifier_sec: Seconds the format check has.
+    """
+
     agent_sec: int
     verifier_sec: int = 60
 
@@ -212,6 +281,15 @@ class Timeouts(Spec, kw_only=True):
 
 
 class Environment(Spec, kw_only=True):
+    """What an atom task runs with.
+
+    Fields:
+        cpus: CPUs for the agent's container; at least 1.
+        memory_mb: Memory for the agent's container, in MB; at least 64.
+        timeouts: The agent's and the format check's time limits.
+        internet: Always false: atom tasks run with no network.
+    """
+
     cpus: int
     memory_mb: int
     timeouts: Timeouts
@@ -227,6 +305,17 @@ class Environment(Spec, kw_only=True):
 
 
 class Agent(Spec, kw_only=True):
+    """What an agent needs to run the task: the question, the instruction, the environment and
+    where to write the answer.
+
+    Fields:
+        statement: The clinical question; it opens every atom task's instruction.
+        instruction: The template's own paragraph, on the prediction time and what was removed.
+        environment: CPUs, memory, timeouts, no internet.
+        submission_path: The absolute path in the task where the agent writes its answer (one
+            JSON object, one prediction per target).
+    """
+
     statement: str
     instruction: str
     environment: Environment
@@ -241,7 +330,17 @@ class Agent(Spec, kw_only=True):
 
 
 class Template(Spec, kw_only=True):
-    """``studio/datasets/<dataset>/tasks/<template>/template.yaml``."""
+    """``studio/datasets/<dataset>/tasks/<template>/template.yaml``: the clinical question, its
+    targets and what the agent is given.
+
+    Fields:
+        name: The template's name; must be its folder's name.
+        description: What the task asks, for people.
+        targets: One or more; each names a label and its metric.
+        input: The tables and families the proposal named.
+        evidence: The evidence variants; this release builds ``default`` only.
+        agent: The question, the instruction, the environment and the submission path.
+    """
 
     name: str
     description: str = ""
@@ -269,7 +368,12 @@ class Template(Spec, kw_only=True):
 
 # -- cohorts/<cohort>.yaml -------------------------------------------------------------------
 class RowFilter(Spec, kw_only=True):
-    """Rows of a table that match every ``column: value`` of ``where``."""
+    """Rows of a table that match every ``column: value`` of ``where``.
+
+    Fields:
+        table: A table of the dataset.
+        where: ``column: value`` pairs a row must all match; empty for every row.
+    """
 
     table: str
     where: dict[str, str | int | float | bool] = {}
@@ -277,7 +381,13 @@ class RowFilter(Spec, kw_only=True):
 
 class Inclusion(Spec, kw_only=True):
     """Who is in: patients with at least one row of each ``requires`` before the prediction
-    time, and (by default) every target label defined."""
+    time, and (by default) every target label defined.
+
+    Fields:
+        description: Who is in, for people.
+        requires: Rows a patient must have before the prediction time, one filter each.
+        labels_defined: Leave out patients for whom a target label has no value.
+    """
 
     description: str
     requires: tuple[RowFilter, ...] = ()
@@ -285,7 +395,15 @@ class Inclusion(Spec, kw_only=True):
 
 
 class PredictionTime(Spec, kw_only=True):
-    """The time of the ``pick`` (first or last) matching row of ``table``, plus an offset."""
+    """The time of the ``pick`` (first or last) matching row of ``table``, plus an offset.
+
+    Fields:
+        description: When the prediction is made, for people.
+        table: The table whose rows give the time (it must have a ``time_column``).
+        where: ``column: value`` pairs the row must match; empty for every row.
+        pick: Take the ``first`` or the ``last`` matching row of the patient.
+        offset_days: Days added to that row's time (negative for earlier).
+    """
 
     description: str = ""
     table: str
@@ -299,7 +417,12 @@ class PredictionTime(Spec, kw_only=True):
 
 
 class PerClass(Spec, kw_only=True):
-    """How many patients of each class of one classification target."""
+    """How many patients of each class of one classification target.
+
+    Fields:
+        label: The classification label whose classes are counted.
+        counts: Class name to number of patients; they add up to the cohort's ``n``.
+    """
 
     label: str
     counts: dict[str, int]
@@ -311,7 +434,23 @@ class PerClass(Spec, kw_only=True):
 
 
 class Cohort(Spec, kw_only=True):
-    """``tasks/<template>/cohorts/<cohort>.yaml``; its name is the file's stem."""
+    """``tasks/<template>/cohorts/<cohort>.yaml``; its name is the file's stem.
+
+    Who is included, at which prediction time, and how many. The patients of a smaller cohort
+    are the first ones of a larger one with the same recipe and seed.
+
+    Fields:
+        version: The task's version N.X, written as text such as ``"1.0"``: N rises when
+            results stop being comparable, X for any other change.
+        description: Who the cohort holds, for people.
+        inclusion: Who is in.
+        prediction_time: When each patient's prediction is made.
+        n: How many patients; at least one.
+        per_class: How many patients of each class of one classification target; without it,
+            the first ``n`` eligible patients in the seeded order.
+        seed: The seed of the patients' order: with the same seed, a smaller cohort's
+            patients come first in a larger one.
+    """
 
     version: Version
     description: str = ""
@@ -331,14 +470,29 @@ class Cohort(Spec, kw_only=True):
 
 # -- arms/modality-ladder.yaml ---------------------------------------------------------------
 class Rung(Spec, kw_only=True):
+    """One rung of the modality ladder.
+
+    Fields:
+        name: ``r1`` to ``r6``, in order.
+        add: The families this rung stages on top of the rung before; at least one, each in
+            the template's ``input.families`` and staged at one rung only.
+        description: What the rung adds, for people.
+    """
+
     name: str
     add: tuple[str, ...]
     description: str = ""
 
 
 class Ladder(Spec, kw_only=True):
-    """The modality ladder: rungs r1..r6, each staging the families of the one before plus
-    ``add``, all on one ladder cohort (a cohort of the same template)."""
+    """``tasks/<template>/arms/modality-ladder.yaml``: the modality ladder, rungs r1..r6, each
+    staging the families of the one before plus ``add``, all on one ladder cohort.
+
+    Fields:
+        cohort: The ladder cohort: a cohort file of the same template, the same at every rung.
+        description: How the ladder climbs, for people.
+        rungs: Exactly six rungs, r1 to r6.
+    """
 
     cohort: str
     description: str = ""
@@ -374,7 +528,16 @@ class Ladder(Spec, kw_only=True):
 
 # -- bench/benchmarks/<benchmark>/ -----------------------------------------------------------
 class Benchmark(Spec, kw_only=True):
-    """``benchmark.yaml``: the card of a benchmark."""
+    """``bench/benchmarks/<benchmark>/benchmark.yaml``: the card of a benchmark.
+
+    Fields:
+        name: The benchmark's name; its task sets are named ``<benchmark>/<set>``.
+        version: The benchmark's version, as text.
+        owner: Who maintains it.
+        license: The license of its task sets, such as ``Apache-2.0``.
+        description: What the benchmark measures, for people.
+        intelligence_kinds: The kinds of intelligence it accepts (v0.3.0: ``agent``).
+    """
 
     name: str
     version: str
@@ -392,7 +555,12 @@ class Benchmark(Spec, kw_only=True):
 
 
 class Pair(Spec, kw_only=True):
-    """``<template>@<cohort>`` pinned at its version N."""
+    """``<template>@<cohort>`` pinned at its version N.
+
+    Fields:
+        task: The pair, ``<template>@<cohort>``.
+        n: The version N the set pins; a new N enters only a new task set.
+    """
 
     task: str
     n: int
@@ -413,7 +581,16 @@ class Pair(Spec, kw_only=True):
 
 
 class TaskSet(Spec, kw_only=True):
-    """``sets/<set>.yaml``; its name is ``<benchmark>/<file stem>``."""
+    """``bench/benchmarks/<benchmark>/sets/<set>.yaml``; its name is ``<benchmark>/<file stem>``.
+
+    A task set only grows: pairs are added, never changed.
+
+    Fields:
+        description: What the set is for, for people.
+        builder: The builder that builds every pair under every arm (``medomni-v1``).
+        arms: The arms to build and run, built-in or from plug-ins (``medomni.arms``).
+        pairs: The pairs, each pinned at its N.
+    """
 
     description: str = ""
     builder: str
