@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from medomni_cas.audit.diff import Difference, diff_results
 from medomni_cas.audit.prov import to_prov_json
@@ -480,7 +480,7 @@ def diff(
     return DiffReport(ida, idb, diff_results(store, ida, idb, limit=limit))
 
 
-def export(store: Store, result: str | ObjectId, *, max_items: int = 10_000) -> dict[str, object]:
+def export(store: Store, result: str | ObjectId, *, max_items: int = 10_000) -> dict[str, Any]:
     """A result's provenance as a W3C PROV-JSON document."""
     return to_prov_json(store, result_id(store, result), max_items=max_items)
 

@@ -2,7 +2,8 @@
 
 A group is a module with ``register(subparsers)`` that adds its parser and verbs (see
 `medomni_cas.cli.cas`); adding one is one line in `GROUPS`. Each verb sets a ``handler``
-default, ``handler(args) -> exit code``, which only parses and calls library functions.
+default, ``handler(args) -> exit code``, which only parses, calls the porcelain
+(`medomni_cas.porcelain`, or the store's own API for ``cas``) and prints.
 """
 
 from __future__ import annotations
