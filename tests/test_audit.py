@@ -621,3 +621,20 @@ def test_cli_unknown_or_wrong_result(capsys: pytest.CaptureFixture[str], flow: F
     assert code == 2 and "not a result" in err and json.loads(out)["error"]["type"] == "AuditError"
     code, _, err = _run(capsys, "audit", "verify", ts, "--store", flow.url)
     assert code == 2 and "not a result" in err
+
+
+def test_cli_takes_the_set_name(capsys: pytest.CaptureFixture[str], flow: Flow) -> None:
+    # `medomni-bench/small` is the set's latest score, as in the notebook (results/<set>)
+    s = ("--store", flow.url)
+    for verb in ("show", "verify", "export"):
+        code, out, err = _run(capsys, "audit", verb, SET, "--json", *s)
+        assert code == 0, (verb, err)
+        data = json.loads(out)
+        if verb != "export":
+            assert data["result"] == flow.c, verb
+    code, out, _ = _run(capsys, "audit", "show", SET, *s)
+    assert code == 0 and out.startswith(f"result {flow.c}")
+    code, out, _ = _run(capsys, "audit", "diff", flow.a, SET, "--json", *s)
+    assert code == 0 and json.loads(out)["b"] == flow.c
+    code, _, err = _run(capsys, "audit", "show", "medomni-bench/none", *s)
+    assert code == 2 and "medomni-bench/none" in err

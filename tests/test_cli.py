@@ -504,3 +504,41 @@ def test_subprocess(tmp_path: Path) -> None:
     fsck = medomni("cas", "fsck", "--json")
     assert fsck.returncode == 0 and json.loads(fsck.stdout)["ok"] is True
     assert medomni("cas", "resolve", oid[:12]).stdout.decode().strip() == oid
+
+
+@pytest.mark.parametrize(
+    ("group", "description", "commands"),
+    [
+        (
+            "studio",
+            "build tasks and task sets from templates and cohorts",
+            {
+                "task build": "build a pair under its arms",
+                "taskset build": "build a task set and record it",
+                "taskset rebuild": "rebuild a published set and compare",
+                "template signoff": "freeze a template",
+            },
+        ),
+        (
+            "bench",
+            "run task sets with agents and score them",
+            {"run": "check a task set, then run it", "score": "score the recorded runs"},
+        ),
+        (
+            "audit",
+            "provenance, verification, diff and PROV export of results",
+            {"show": "show where a result came from", "verify": "re-hash every object"},
+        ),
+        ("cas", "the content-addressed object store", {"fsck": "verify objects and refs"}),
+        ("studio taskset", "task sets, <benchmark>/<set>", {"show": "show a recorded task set"}),
+    ],
+)
+def test_group_help_describes_its_commands(
+    capsys: pytest.CaptureFixture[str], group: str, description: str, commands: dict[str, str]
+) -> None:
+    assert main([*group.split(), "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[out.splitlines().index("") + 1] == description  # under the usage
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    for command, help in commands.items():
+        assert any(line.startswith(f"{command} {help}") for line in lines), (command, out)

@@ -21,15 +21,9 @@ import medomni_cas as mc
 from examples import synth
 from medomni_cas.bench.harness import PREDICTION_COLUMNS, RunReport
 from medomni_cas.bench.records import AgentConfig, Limits, RunRecord, ScoreRow
+from medomni_cas.bench.schemas import ATOM_SCHEMA, RUN_SCHEMA, TASK_SET_SCHEMA
 from medomni_cas.errors import MedomniError
-from medomni_cas.notebook import (
-    ATOM_SCHEMA,
-    RUN_SCHEMA,
-    TASK_SET_SCHEMA,
-    ResultView,
-    TaskSetView,
-    WorkspaceView,
-)
+from medomni_cas.notebook import ResultView, TaskSetView, WorkspaceView
 from medomni_cas.store import encoding
 from medomni_cas.studio.records import AtomTask, FormatCheck, PinnedPair, TaskSetRecord
 from tests.test_verify import _tamper
@@ -249,6 +243,50 @@ def test_workspace_repr(flow: Flow) -> None:
     assert "<table" in page and "WorkspaceView" in page
 
 
+def test_tables_keep_their_types(flow: Flow) -> None:
+    runs = flow.ws.runs(SET)
+    assert runs.schema.field("started").type == pa.timestamp("ms", tz="UTC")
+    df = flow.ws.runs_df(SET)
+    # no agent here reports tokens: the column stays integers, with missing values
+    assert str(df.tokens_in.dtype) == "Int64" and df.tokens_in.isna().all()
+    assert str(df.elapsed_ms.dtype) == "Int64" and str(df.repetition.dtype) == "Int32"
+    assert isinstance(df.started.dtype, pd.DatetimeTZDtype) and str(df.started.dt.tz) == "UTC"
+    assert (df.finished >= df.started).all()
+    first = flow.ws.store.get(df.record[0], RunRecord)
+    assert df.started[0].isoformat(timespec="milliseconds") == first.started
+    assert df.errors[0] == [] and isinstance(df.errors.dtype, pd.ArrowDtype)
+
+    atoms = flow.built.atoms_df()
+    assert pd.api.types.is_datetime64_any_dtype(atoms.prediction_time)
+    atom = flow.ws.store.get(mc.ObjectId.from_hex(atoms.atom[0]), AtomTask)
+    assert atoms.prediction_time[0].isoformat() == atom.prediction_time
+    assert atoms.families[0] == list(atom.families)
+
+    preds = flow.ws.predictions(SET)
+    assert preds.schema.field("scores").type == pa.map_(pa.string(), pa.float64())
+    assert str(flow.ws.predictions_df(SET).attempt.dtype) == "Int32"
+    assert str(flow.ws.results_df().n.dtype) == "Int64"
+
+
+def test_stored_class_probabilities_are_a_map() -> None:
+    from medomni_cas.notebook.tables import _scores_map
+
+    column = pa.chunked_array([['{"G1":0.25,"G2":0.75}', None]])
+    assert _scores_map(column).to_pylist() == [[("G1", 0.25), ("G2", 0.75)], None]
+
+
+def test_progress_bars_are_text_outside_jupyter() -> None:
+    from tqdm.notebook import tqdm as widget_bar
+
+    from medomni_cas.notebook import progress_bar
+
+    bar = progress_bar(total=2, unit="pair", desc="x")
+    try:
+        assert not isinstance(bar, widget_bar) and bar.total == 2
+    finally:
+        bar.close()
+
+
 # -- HTML of stored records ------------------------------------------------------------------
 def test_record_html_escapes_shortens_nests_and_truncates(flow: Flow) -> None:
     agent = AgentConfig(
@@ -287,6 +325,21 @@ def test_record_html_escapes_shortens_nests_and_truncates(flow: Flow) -> None:
     page = big._repr_html_()
     assert page.count("… (15 more)") == 2  # the arms and the grid of pairs
     assert "t9@n20" in page and "t10@n20" not in page
+
+
+def test_record_html_rounds_numbers(flow: Flow) -> None:
+    from medomni_cas.notebook.html import number_html
+
+    record = flow.result.record
+    page = record._repr_html_()
+    values = [v for r in record.rows for v in (r.value, r.ci_low, r.ci_high) if v is not None]
+    assert values and any(repr(v) != f"{v:.4g}" for v in values)
+    for v in values:
+        assert number_html(v) in page
+        assert f">{v!r}<" not in page or repr(v) == f"{v:.4g}"  # the exact value: a title
+    third = 2 / 3
+    assert number_html(0.25) == "0.25"
+    assert number_html(third) == f'<span title="{third!r}">0.6667</span>'
 
 
 def test_html_of_long_text_and_result_record(flow: Flow) -> None:
@@ -336,11 +389,16 @@ def test_example_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert "ResultView" in text and "macro_f1" in text and "hba1c_next" in text
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     assert "medomni.result" in html and "<code title=" in html  # the provenance peek
+    # build and run show their bars as widgets, not as text written to stderr
+    widgets = [
+        o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
+    assert widgets, "no progress widget"
     assert not any(cwd.iterdir())
 
 
 def test_prepend_keeps_table_types() -> None:
-    from medomni_cas.notebook import _prepend
+    from medomni_cas.notebook.tables import prepend
 
-    t = _prepend(pa.table({"x": [1, 2]}), [("a", pa.string())], ["v"])
+    t = prepend(pa.table({"x": [1, 2]}), [("a", pa.string())], ["v"])
     assert t.column_names == ["a", "x"] and t["a"].to_pylist() == ["v", "v"]

@@ -163,7 +163,7 @@ class Provenance(_Report, kw_only=True):
         return "\n".join(render_text(self))
 
     def _repr_html_(self) -> str:
-        from medomni_cas.store._html import esc
+        from medomni_cas.notebook.html import esc
 
         return f"<pre>{esc(chr(10).join(render_text(self)))}</pre>"
 

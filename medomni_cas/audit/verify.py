@@ -105,7 +105,7 @@ class VerifyReport(msgspec.Struct, kw_only=True):
         return "\n".join(render_text(self))
 
     def _repr_html_(self) -> str:
-        from medomni_cas.store._html import esc
+        from medomni_cas.notebook.html import esc
 
         return f"<pre>{esc(chr(10).join(render_text(self)))}</pre>"
 

@@ -38,6 +38,7 @@ from medomni_cas.bench.records import (
     PredictionTable,
     RunRecord,
 )
+from medomni_cas.bench.schemas import PREDICTION_COLUMNS, PREDICTION_SCHEMA
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store.encoding import Record
 from medomni_cas.store.ids import ObjectId
@@ -67,28 +68,6 @@ __all__ = [
 
 #: Columns of the key, the same objects in a job's predictions and its arm's answers.
 KEY_COLUMNS = ("atom", "target", "pair")
-
-#: A job's predictions as `read_predictions` returns them, in this order.
-PREDICTION_COLUMNS = (
-    "run_id",
-    "slot",
-    "atom",
-    "target",
-    "value_text",
-    "value_num",
-    "intelligence",
-    "agent",
-    "arm",
-    "arm_variant",
-    "repetition",
-    "pair",
-    "config",
-    "outcome",
-    "attempt",
-    "scores",  # JSON {class: probability}, when the agent gave them
-)
-_TYPES = {"value_num": pa.float64(), "repetition": pa.int32(), "attempt": pa.int32()}
-PREDICTION_SCHEMA = pa.schema([(c, _TYPES.get(c, pa.string())) for c in PREDICTION_COLUMNS])
 
 # A handful of values per job: stored dictionary-encoded (4 bytes a row, not 64 for a hex id).
 _DICTIONARY = frozenset({"target", "pair", "intelligence", "config", "outcome"})

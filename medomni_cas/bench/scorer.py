@@ -42,6 +42,7 @@ from medomni_cas.bench.records import (
     Result,
     ScoreRow,
 )
+from medomni_cas.bench.schemas import SCORE_SCHEMA
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -341,17 +342,8 @@ def _flag(rows: list[ScoreRow]) -> list[ScoreRow]:
 
 
 def _rows_table(rows: list[ScoreRow]) -> pa.Table:
-    fields = ScoreRow.__struct_fields__
-    data = {f: [getattr(r, f) for r in rows] for f in fields}
-    types = {
-        "value": pa.float64(),
-        "ci_low": pa.float64(),
-        "ci_high": pa.float64(),
-        "n": pa.int64(),
-        "n_missing": pa.int64(),
-        "attempts": pa.int64(),
-    }
-    return pa.table({f: pa.array(data[f], type=types.get(f, pa.string())) for f in fields})
+    data = {f: [getattr(r, f) for r in rows] for f in SCORE_SCHEMA.names}
+    return pa.table(data, schema=SCORE_SCHEMA)
 
 
 def write_results(scored: Scored, folder: Path) -> tuple[Path, Path]:

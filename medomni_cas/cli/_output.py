@@ -13,13 +13,16 @@ import sys
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from medomni_cas.errors import AmbiguousId, IntegrityError, MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+
+if TYPE_CHECKING:
+    from medomni_cas.porcelain import Folders
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -34,6 +37,7 @@ __all__ = [
     "open_store",
     "run",
     "to_builtins",
+    "workspace_folders",
 ]
 
 EXIT_OK = 0
@@ -123,6 +127,15 @@ def open_store(args: argparse.Namespace, *, create: bool = False) -> Store:
         single_writer=getattr(args, "single_writer", False),
         create=create,
     )
+
+
+def workspace_folders() -> Folders:
+    """The folders of the workspace in the current directory, read only when a verb is
+    not given one by its flag (``--studio``, ``--bench``, ``--runs``)."""
+    from medomni_cas.porcelain import Folders
+    from medomni_cas.workspace import load_workspace
+
+    return Folders(lambda: load_workspace("."), where="the workspace in .")
 
 
 def json_mode(args: argparse.Namespace) -> bool:

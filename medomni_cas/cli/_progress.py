@@ -4,22 +4,31 @@ stderr is not a terminal or under ``--json``, so pipes and logs stay clean)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from medomni_cas.cli._output import json_mode
 
-__all__ = ["bar"]
+if TYPE_CHECKING:
+    from medomni_cas.porcelain import Progress
+
+__all__ = ["bar", "bars"]
+
+
+def bars(args: argparse.Namespace) -> Progress:
+    """The porcelain's ``progress=``: bars that appear only after half a second
+    (``delay``), on a terminal, and leave no line behind."""
+    quiet = json_mode(args) or not sys.stderr.isatty()
+    return functools.partial(tqdm, delay=0.5, disable=quiet, file=sys.stderr, leave=False)
 
 
 @contextmanager
 def bar(args: argparse.Namespace, total: int | None, unit: str, desc: str = "") -> Iterator[tqdm]:
-    """A bar that appears only after half a second (``delay``), on a terminal."""
-    quiet = json_mode(args) or not sys.stderr.isatty()
-    with tqdm(
-        total=total, unit=unit, desc=desc, delay=0.5, disable=quiet, file=sys.stderr, leave=False
-    ) as b:
+    """One bar of `bars`, closed on leaving."""
+    with bars(args)(total=total, unit=unit, desc=desc) as b:
         yield b

@@ -9,8 +9,9 @@
 * ``diff <a> <b>``: which inputs of two results differ (exit 0 either way);
 * ``export <result> [-o FILE]``: W3C PROV-JSON.
 
-``<result>`` is an id, a unique prefix of 8+ hex characters, or a ref name such as
-``results/medomni-bench/v1`` (what ``medomni bench score`` writes).
+``<result>`` is a set name such as ``medomni-bench/v1`` (its latest score), an id, a
+unique prefix of 8+ hex characters, or a ref name such as ``results/medomni-bench/v1``
+(what ``medomni bench score`` writes).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from medomni_cas.audit import diff_results, provenance, to_prov_json, verify_result
+from medomni_cas import porcelain
 from medomni_cas.audit.diff import render_text as diff_text
 from medomni_cas.audit.provenance import render_text as provenance_text
 from medomni_cas.audit.verify import render_text as verify_text
@@ -34,29 +35,26 @@ from medomni_cas.cli._output import (
     open_store,
     to_builtins,
 )
-from medomni_cas.cli._progress import bar
+from medomni_cas.cli._progress import bars
 
 __all__ = ["register"]
+
+_RESULT = "a set name (its latest score), an id, a unique prefix or a ref name"
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     """The provenance tree of a result (a summary; ``--runs`` lists every run)."""
     with open_store(args) as store:
-        p = provenance(store, args.result, runs=args.runs)
+        p = porcelain.provenance(store, args.result, runs=args.runs)
     emit(args, to_builtins(p), provenance_text(p))
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Re-hash the result's closure; exit 1 when any object is missing or corrupt."""
-    with open_store(args) as store, bar(args, None, "obj", "verify") as b:
-        report = verify_result(
-            store,
-            args.result,
-            canonical=args.canonical,
-            progress=lambda n: b.update(n - b.n),
-            jobs=args.jobs,
-            derived=True,
+    with open_store(args) as store:
+        report = porcelain.verify(
+            store, args.result, canonical=args.canonical, jobs=args.jobs, progress=bars(args)
         )
     emit(args, to_builtins(report), verify_text(report))
     return EXIT_OK if report.ok else EXIT_PROBLEM
@@ -65,18 +63,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     """Which inputs of two results differ (exit 0 either way)."""
     with open_store(args) as store:
-        a, b = store.resolve(args.a), store.resolve(args.b)
-        diffs = diff_results(store, a, b, limit=None if args.all else args.limit)
-    data = {"a": a.hex(), "b": b.hex(), "differences": to_builtins(diffs)}
-    header = [f"A {a.hex()}", f"B {b.hex()}"]
-    emit(args, data, header + diff_text(diffs))
+        d = porcelain.diff(store, args.a, args.b, limit=None if args.all else args.limit)
+    data = {"a": d.a.hex(), "b": d.b.hex(), "differences": to_builtins(d.differences)}
+    header = [f"A {d.a.hex()}", f"B {d.b.hex()}"]
+    emit(args, data, header + diff_text(d.differences))
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """The result's provenance as W3C PROV-JSON, on stdout or in a file."""
     with open_store(args) as store:
-        doc = to_prov_json(store, args.result, max_items=args.max_items)
+        doc = porcelain.export(store, args.result, max_items=args.max_items)
     text = encode_json(doc, indent=2) + "\n"
     if args.output is None or args.output == "-":
         sys.stdout.write(text)
@@ -100,11 +97,11 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     verbs = p.add_subparsers(title="verbs", metavar="VERB")
 
     v = add_command(verbs, "show", cmd_show, "show where a result came from")
-    v.add_argument("result", metavar="RESULT", help="id, unique prefix or ref name")
+    v.add_argument("result", metavar="RESULT", help=_RESULT)
     v.add_argument("--runs", action="store_true", help="list every run of every job")
 
     v = add_command(verbs, "verify", cmd_verify, "re-hash every object of a result's closure")
-    v.add_argument("result", metavar="RESULT", help="id, unique prefix or ref name")
+    v.add_argument("result", metavar="RESULT", help=_RESULT)
     v.add_argument(
         "--canonical",
         action="store_true",
@@ -113,8 +110,8 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_jobs_option(v)
 
     v = add_command(verbs, "diff", cmd_diff, "name the inputs that differ between two results")
-    v.add_argument("a", metavar="A", help="id, unique prefix or ref name")
-    v.add_argument("b", metavar="B", help="id, unique prefix or ref name")
+    v.add_argument("a", metavar="A", help=_RESULT)
+    v.add_argument("b", metavar="B", help=_RESULT)
     v.add_argument(
         "--limit",
         type=int,
@@ -125,7 +122,7 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     v.add_argument("--all", action="store_true", help="every per-patient line, no limit")
 
     v = add_command(verbs, "export", cmd_export, "write a result's provenance as PROV-JSON")
-    v.add_argument("result", metavar="RESULT", help="id, unique prefix or ref name")
+    v.add_argument("result", metavar="RESULT", help=_RESULT)
     v.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     v.add_argument(
         "--max-items",

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from medomni_cas.bench.agents import find_agent
-from medomni_cas.bench.harness import CheckFailed, run_set
+from medomni_cas import porcelain
+from medomni_cas.bench.harness import CheckFailed
 from medomni_cas.bench.runfolders import import_run_folder
-from medomni_cas.bench.runners import get_runner, runner_names
-from medomni_cas.bench.scorer import jobs_of, score_jobs, write_results
+from medomni_cas.bench.runners import runner_names
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -23,22 +21,14 @@ from medomni_cas.cli._output import (
     json_mode,
     open_store,
     to_builtins,
+    workspace_folders,
 )
-from medomni_cas.cli._progress import bar
+from medomni_cas.cli._progress import bars
 from medomni_cas.cli.studio import shard_arg
+from medomni_cas.porcelain import format_value
 from medomni_cas.studio.arms import arm_label
-from medomni_cas.studio.tasksets import show_set
-from medomni_cas.workspace import Workspace, load_workspace
 
 __all__ = ["register"]
-
-
-def _ws() -> Workspace:
-    return load_workspace(".")
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}"
 
 
 def _option(text: str) -> tuple[str, str]:
@@ -52,38 +42,25 @@ def _option(text: str) -> tuple[str, str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Check the set, then run every slot that has no run yet (resuming is running again)."""
-    ws = _ws()
-    bench = Path(args.bench) if args.bench else ws.bench
-    studio = Path(args.studio) if args.studio else ws.studio
-    runs = Path(args.runs) if args.runs else ws.runs
-    agent = find_agent(bench, args.agent)
-    options = dict(_option(o) for o in args.runner_option or ())
-    runner = get_runner(args.runner, **options) if options else args.runner
-    with open_store(args) as store, bar(args, None, "run", args.name) as b:
-        last: dict[str, int] = {}
-
-        def progress(job: str, done: int, total: int) -> None:
-            if b.total != total or last.get("job") != hash(job):
-                b.reset(total=total)
-                b.set_description(job.split("--")[2] if "--" in job else job)
-                last["job"] = hash(job)
-            b.n = done
-            b.refresh()
-
+    folders = workspace_folders()
+    agent = porcelain.agent_config(args.agent, folders=folders, bench=args.bench)
+    with open_store(args) as store:
         try:
-            report = run_set(
+            report = porcelain.run(
                 store,
                 args.name,
                 agent,
-                runs_dir=runs,
-                studio=studio,
-                runner=runner,
-                arms=args.arm or None,
+                folders=folders,
+                runner=args.runner,
+                runner_options=dict(_option(o) for o in args.runner_option or ()),
+                arms=args.arm,
+                studio=args.studio,
+                runs_dir=args.runs,
+                progress=bars(args),
                 reps=args.reps,
                 accept_conditions=args.accept_conditions,
                 max_attempts=args.max_attempts,
                 budget=args.budget,
-                progress=progress,
                 shard=args.shard,
             )
         except CheckFailed as e:
@@ -114,14 +91,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Score the set's recorded runs; write results.json and results.parquet."""
-    ws = _ws()
-    out = Path(args.out) if args.out else ws.root / "results" / args.name.replace("/", ".")
+    out = workspace_folders().results(args.name, args.out)
     with open_store(args) as store:
-        view = show_set(store, args.name)
-        jobs = jobs_of(store, view.task_set, args.agent or None)
-        scored = score_jobs(store, jobs, n_boot=args.n_boot, seed=args.seed, set_name=args.name)
-    paths = write_results(scored, out)
-    rows = scored.record.rows
+        report = porcelain.score(
+            store, args.name, agents=args.agent, n_boot=args.n_boot, seed=args.seed, out=out
+        )
+    rows = report.scored.record.rows
     head = (
         f"{'agent':<16} {'arm':<24} {'pair':<32} {'target':<12} {'metric':<10} {'value':>7}  95% CI"
     )
@@ -130,12 +105,13 @@ def cmd_score(args: argparse.Namespace) -> int:
         arm = arm_label(r.arm, r.arm_variant)
         lines.append(
             f"{r.agent:<16} {arm:<24} {r.pair:<32} {r.target:<12} {r.metric:<10} "
-            f"{_fmt(r.value):>7}  [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]"
+            f"{format_value(r.value):>7}  [{format_value(r.ci_low)}, {format_value(r.ci_high)}]"
             + (f"  n={r.n}" + (f" missing={r.n_missing}" if r.n_missing else ""))
             + (f"  ! {r.config_flag}" if r.config_flag else "")
         )
-    lines.append(f"result {scored.result.hex()} -> {paths[0]}, {paths[1]}")
-    data = {"result": scored.result, "files": [str(p) for p in paths], "rows": list(rows)}
+    paths = report.files
+    lines.append(f"result {report.result.hex()} -> {paths[0]}, {paths[1]}")
+    data = {"result": report.result, "files": [str(p) for p in paths], "rows": list(rows)}
     emit(args, to_builtins(data), lines)
     return EXIT_OK
 

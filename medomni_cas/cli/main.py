@@ -2,7 +2,8 @@
 
 A group is a module with ``register(subparsers)`` that adds its parser and verbs (see
 `medomni_cas.cli.cas`); adding one is one line in `GROUPS`. Each verb sets a ``handler``
-default, ``handler(args) -> exit code``, which only parses and calls library functions.
+default, ``handler(args) -> exit code``, which only parses, calls the porcelain
+(`medomni_cas.porcelain`, or the store's own API for ``cas``) and prints.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from medomni_cas import __version__
 from medomni_cas.cli import _output
@@ -38,7 +39,52 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in GROUPS:
         importlib.import_module(name).register(groups)
+    _describe(parser, top=True)
     return parser
+
+
+def _verbs(
+    parser: argparse.ArgumentParser,
+) -> argparse._SubParsersAction[argparse.ArgumentParser] | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return None
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, str]]:
+    """(``taskset build``, its one-line help) for every command under ``parser``."""
+    verbs = _verbs(parser)
+    if verbs is None:
+        return
+    helps = {a.dest: a.help or "" for a in verbs._choices_actions}
+    for name, sub in verbs.choices.items():
+        if _verbs(sub) is None:
+            yield f"{path}{name}", helps.get(name, "")
+        else:
+            yield from _commands(sub, f"{path}{name} ")
+
+
+def _describe(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """Give each group's help screen its one-line help as a description and, when it holds
+    groups of its own (``studio task|taskset|template``), every command under it with its
+    help, so ``medomni studio --help`` says what each command does."""
+    verbs = _verbs(parser)
+    if verbs is None:
+        return
+    helps = {a.dest: a.help for a in verbs._choices_actions}
+    nested = False
+    for name, sub in verbs.choices.items():
+        if _verbs(sub) is not None:
+            nested = True
+            if sub.description is None:
+                sub.description = helps.get(name)
+            _describe(sub)
+    if nested and not top:
+        rows = list(_commands(parser))
+        width = max(len(c) for c, _ in rows) + 2
+        parser.epilog = "commands:\n" + "\n".join(f"  {c:<{width}}{h}" for c, h in rows)
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def main(argv: Sequence[str] | None = None) -> int:

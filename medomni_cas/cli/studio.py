@@ -4,9 +4,9 @@ templates. Folders default to the workspace's (``workspace.yaml``: ``studio``, `
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
+from medomni_cas import porcelain
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -15,30 +15,17 @@ from medomni_cas.cli._output import (
     emit,
     open_store,
     to_builtins,
+    workspace_folders,
 )
-from medomni_cas.cli._progress import bar
+from medomni_cas.cli._progress import bars
 from medomni_cas.studio.arms import arm_label
-from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
-from medomni_cas.studio.build import Built, build_pair
+from medomni_cas.studio.build import Built
 from medomni_cas.studio.folders import find_template, load_template
 from medomni_cas.studio.schema import SpecError
 from medomni_cas.studio.signoff import signoff
-from medomni_cas.studio.tasksets import TaskSetError, build_set, publish, rebuild, show_set
-from medomni_cas.workspace import Workspace, load_workspace
+from medomni_cas.studio.tasksets import publish, show_set
 
 __all__ = ["register"]
-
-
-def _ws(args: argparse.Namespace) -> Workspace:
-    return load_workspace(".")
-
-
-def _studio(args: argparse.Namespace) -> Path:
-    return Path(args.studio) if args.studio else _ws(args).studio
-
-
-def _bench(args: argparse.Namespace) -> Path:
-    return Path(args.bench) if getattr(args, "bench", None) else _ws(args).bench
 
 
 def _built_row(b: Built) -> dict[str, Any]:
@@ -60,38 +47,20 @@ def _built_line(b: Built) -> str:
     return f"{b.pair:<36} {arm:<28} config {b.config.hex()[:12]}  {b.result.hex()[:12]}  {state}"
 
 
-def _check_pair(studio: Path, template: str, cohort: str) -> None:
-    path = find_template(studio, template)
-    if path is None:
-        raise SpecError(studio / "datasets", None, "", f"no template {template!r}")
-    folder = load_template(path)
-    if cohort not in folder.cohorts:
-        have = ", ".join(folder.cohorts) or "none"
-        raise SpecError(path / "cohorts", None, "", f"no cohort {cohort!r} ({have})")
-
-
 # -- verbs ---------------------------------------------------------------------------------------
 def cmd_task_build(args: argparse.Namespace) -> int:
     """Build one pair, ``<template>@<cohort>``, outside any task set."""
-    template, sep, cohort = args.pair.partition("@")
-    if not sep or not template or not cohort:
-        raise ValueError(f"a pair is written <template>@<cohort>; got {args.pair!r}")
-    studio = _studio(args)
-    _check_pair(studio, template, cohort)  # before a store is created for nothing
-    with open_store(args, create=True) as store, bar(args, None, "step", args.pair) as b:
-
-        def say(msg: str) -> None:
-            b.set_postfix_str(msg[-60:])
-            b.update(1)
-
-        built = build_pair(
+    folders = workspace_folders()
+    porcelain.check_pair(folders.get("studio", args.studio), args.pair)  # before a store is made
+    with open_store(args, create=True) as store:
+        built = porcelain.build_pair(
             store,
-            studio,
-            template,
-            cohort,
-            arms=args.arm or None,
+            args.pair,
+            folders=folders,
+            studio=args.studio,
+            arms=args.arm,
             data_root=args.data_root,
-            progress=say,
+            progress=bars(args),
         )
     emit(args, {"builds": [_built_row(x) for x in built]}, [_built_line(x) for x in built])
     return EXIT_OK
@@ -99,23 +68,19 @@ def cmd_task_build(args: argparse.Namespace) -> int:
 
 def cmd_taskset_build(args: argparse.Namespace) -> int:
     """Build every pair of ``<benchmark>/<set>`` under every arm and record the set."""
-    studio, bench = _studio(args), _bench(args)
-    b_name, s_name = split_set_name(args.name)
-    folder = open_benchmark(b_name, bench_root=bench, studio=studio)
-    if s_name not in folder.sets:
-        have = ", ".join(folder.sets) or "none"
-        raise TaskSetError(f"benchmark {b_name} has no set {s_name!r} (have: {have})")
-    total = len(folder.sets[s_name].pairs)
-    with open_store(args, create=True) as store, bar(args, total, "pair", args.name) as b:
-        built = build_set(
+    folders = workspace_folders()
+    studio, bench = folders.get("studio", args.studio), folders.get("bench", args.bench)
+    porcelain.check_set(args.name, studio=studio, bench=bench)  # before a store is made
+    with open_store(args, create=True) as store:
+        built = porcelain.build(
             store,
             args.name,
+            folders=folders,
             studio=studio,
             bench=bench,
             data_root=args.data_root,
-            progress=lambda msg: b.set_postfix_str(msg[-60:]),
-            on_pair=lambda _pair, _builds: b.update(1),
             shard=args.shard,
+            progress=bars(args),
         )
     if built is None:
         emit(
@@ -181,14 +146,15 @@ def cmd_taskset_show(args: argparse.Namespace) -> int:
 
 def cmd_taskset_publish(args: argparse.Namespace) -> int:
     """Write the set's bundle: configs only (for credentialed data), or the whole build."""
+    folders = workspace_folders()
     with open_store(args) as store:
         info = publish(
             store,
             args.name,
             args.output,
             configs_only=args.configs_only,
-            studio=_studio(args),
-            bench=_bench(args),
+            studio=folders.get("studio", args.studio),
+            bench=folders.get("bench", args.bench),
         )
     what = "configs only" if args.configs_only else "the whole build"
     emit(
@@ -202,14 +168,15 @@ def cmd_taskset_publish(args: argparse.Namespace) -> int:
 def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
     """Build a published set from your own data and compare ids pair by pair (exit 1 when
     any differs)."""
-    with open_store(args, create=True) as store, bar(args, None, "step", "rebuild") as b:
-        name, rows = rebuild(
+    with open_store(args, create=True) as store:
+        name, rows = porcelain.rebuild_set(
             store,
             args.bundle,
-            studio=_studio(args),
-            bench=_bench(args),
+            folders=workspace_folders(),
+            studio=args.studio,
+            bench=args.bench,
             data_root=args.data_root,
-            progress=lambda msg: (b.set_postfix_str(msg[-60:]), b.update(1)),
+            progress=bars(args),
         )
     ok = all(r.ok for r in rows)
     lines = [f"task set {name}: " + ("every id matches" if ok else "some ids differ")]
@@ -224,7 +191,7 @@ def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
 
 def cmd_template_signoff(args: argparse.Namespace) -> int:
     """Freeze a template: later changes need the version rises of its cohorts."""
-    studio = _studio(args)
+    studio = workspace_folders().get("studio", args.studio)
     path = find_template(studio, args.template)
     if path is None:
         raise SpecError(studio / "datasets", None, "", f"no template {args.template!r}")

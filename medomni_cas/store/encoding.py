@@ -112,7 +112,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     def _repr_html_(self) -> str:
         """The fields as a small HTML table, for notebooks (a method: not in the bytes)."""
-        from medomni_cas.store._html import record_html
+        from medomni_cas.notebook.html import record_html
 
         return record_html(self)
 

@@ -1,10 +1,15 @@
-"""HTML for notebooks: a record's fields as a small table (``Record._repr_html_``).
+"""HTML for notebooks: a record's fields as a small table (``Record._repr_html_``), and the
+pieces the notebook's views are made of.
 
-Every text is escaped. Ids (links, and 64-hex strings such as a config hash written as
-text) show their first 12 hex characters, with the full id in the ``title``. Nested structs
-are nested tables, a sequence of structs of one type is one table with a row each, and
-sequences, maps and strings that are long show their start and say how much more there is.
-Nothing here touches an object's bytes: it only reads the fields.
+What is shown
+    Every text is escaped. Ids (links, and 64-hex strings such as a config hash written as
+    text) show their first 12 hex characters, with the full id in the ``title``; so do
+    numbers, rounded to 4 significant digits. Nested structs are nested tables, a sequence
+    of structs of one type is one table with a row each, and sequences, maps and strings
+    that are long show their start and say how much more there is.
+
+What is not
+    Nothing here touches an object's bytes: it only reads the fields.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ __all__ = [
     "grid",
     "id_html",
     "kv_table",
+    "number_html",
     "record_html",
     "value_html",
 ]
@@ -45,6 +51,13 @@ def id_html(oid: ObjectId | str) -> str:
     """An id shortened to 12 hex characters, the full id in its title."""
     full = oid.hex() if isinstance(oid, bytes) else oid
     return f'<code title="{esc(full)}">{esc(full[:12])}</code>'
+
+
+def number_html(value: float) -> str:
+    """A float rounded to 4 significant digits, its exact value in the title when they differ."""
+    text = f"{value:.4g}"
+    exact = repr(value)
+    return esc(exact) if text == exact else f'<span title="{esc(exact)}">{esc(text)}</span>'
 
 
 def _more(n: int, what: str = "more") -> str:
@@ -111,7 +124,9 @@ def value_html(value: Any, depth: int = 0) -> str:
         return '<span style="color:#888">None</span>'
     if isinstance(value, str):
         return _text(value)
-    if isinstance(value, bool | int | float):
+    if isinstance(value, float):
+        return number_html(value)
+    if isinstance(value, bool | int):
         return esc(repr(value))
     if isinstance(value, bytes | bytearray | memoryview):
         return esc(f"<{len(value)} bytes>")

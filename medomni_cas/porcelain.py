@@ -1,0 +1,489 @@
+"""The user-level verbs (build, run, score, verify, provenance, diff) for the CLI and notebook.
+
+Each verb composes Studio, Bench and Audit the one way both front ends use, and returns
+what the library returns; the CLI only parses, calls a verb and prints, and the notebook's
+`WorkspaceView` only calls a verb and wraps its answer in a view.
+
+Folders
+    A verb that reads the studio, the bench or the runs folder takes it as an argument;
+    when none is given it uses the workspace's (`Folders`, the one place the rule is
+    written). A store opened by URL has no workspace, so there the folder must be given.
+
+Progress
+    Every verb that takes a while has ``progress=``: a factory of tqdm-like bars
+    (`Progress`), such as ``tqdm.tqdm`` or ``tqdm.auto.tqdm``; None shows nothing.
+
+Results
+    A verb that reads a result takes a set name (``medomni-bench/v1``: its latest score,
+    the ref ``results/medomni-bench/v1``), an id, a unique prefix or a ref name
+    (`result_id`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from medomni_cas.audit.diff import Difference, diff_results
+from medomni_cas.audit.prov import to_prov_json
+from medomni_cas.audit.provenance import Provenance
+from medomni_cas.audit.provenance import provenance as audit_provenance
+from medomni_cas.audit.verify import VerifyReport, verify_result
+from medomni_cas.bench.agents import find_agent, load_agent
+from medomni_cas.bench.harness import RunReport, run_set
+from medomni_cas.bench.records import AgentConfig
+from medomni_cas.bench.runners import Runner, get_runner
+from medomni_cas.bench.scorer import Scored, jobs_of, result_ref, score_jobs, write_results
+from medomni_cas.errors import InvalidName, MedomniError
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
+from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
+from medomni_cas.studio.build import Built
+from medomni_cas.studio.build import build_pair as studio_build_pair
+from medomni_cas.studio.folders import find_template, load_template
+from medomni_cas.studio.schema import SpecError, TaskSet
+from medomni_cas.studio.tasksets import (
+    RebuildRow,
+    SetBuilt,
+    TaskSetError,
+    build_set,
+    rebuild,
+    show_set,
+)
+from medomni_cas.workspace import Workspace
+
+__all__ = [
+    "Bar",
+    "DiffReport",
+    "FolderName",
+    "Folders",
+    "Progress",
+    "ScoreReport",
+    "agent_config",
+    "build",
+    "build_pair",
+    "check_pair",
+    "check_set",
+    "diff",
+    "export",
+    "format_value",
+    "provenance",
+    "rebuild_set",
+    "result_id",
+    "run",
+    "score",
+    "verify",
+]
+
+FolderName = Literal["studio", "bench", "runs"]
+
+
+# -- progress ------------------------------------------------------------------------------------
+class Bar(Protocol):
+    """What a verb does with a bar (a part of tqdm's interface)."""
+
+    n: float
+
+    def update(self, n: float = 1) -> object: ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Progress(Protocol):
+    """Makes a bar: ``tqdm.tqdm``, ``tqdm.auto.tqdm`` or a partial of either is one."""
+
+    def __call__(self, *, total: int | None, unit: str, desc: str) -> Bar: ...
+
+
+class _Silent:
+    """The bar of ``progress=None``: counts, shows nothing."""
+
+    n: float = 0
+
+    def update(self, n: float = 1) -> object:
+        self.n += n
+        return None
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(progress: Progress | None, total: int | None, unit: str, desc: str) -> Bar:
+    return _Silent() if progress is None else progress(total=total, unit=unit, desc=desc)
+
+
+def _postfix(bar: Bar) -> Callable[[str], None]:
+    """A Studio ``progress`` callback that shows the message beside the bar."""
+    return lambda msg: bar.set_postfix_str(msg[-60:])
+
+
+def _steps(bar: Bar) -> Callable[[str], None]:
+    """A Studio ``progress`` callback that shows the message and counts it as a step."""
+
+    def say(msg: str) -> None:
+        bar.set_postfix_str(msg[-60:])
+        bar.update(1)
+
+    return say
+
+
+class _JobBars:
+    """One bar per job, from `run_set`'s (job name, runs done, runs in the job) callbacks."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress = progress
+        self.job: str | None = None
+        self.bar: Bar | None = None
+
+    def update(self, job: str, done: int, total: int) -> None:
+        if self.progress is None:
+            return
+        if job != self.job or self.bar is None:
+            self.close()
+            parts = job.split("--")  # <set>--<agent>--<arm label>--r<rep>: the arm says most
+            self.bar = self.progress(
+                total=total, unit="run", desc=parts[2] if len(parts) > 2 else job
+            )
+            self.job = job
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+# -- folders -------------------------------------------------------------------------------------
+class Folders:
+    """The studio, bench and runs folders: the one a caller gives, else the workspace's.
+
+    ``workspace`` may be a function that loads it, called only when a folder is not given
+    (so a verb given every folder never reads ``workspace.yaml``); None: a store opened by
+    URL, which has no folders. ``where`` names it in the error when a folder is missing.
+    """
+
+    def __init__(
+        self,
+        workspace: Workspace | Callable[[], Workspace] | None = None,
+        *,
+        where: str = "this store",
+    ) -> None:
+        self._workspace = workspace
+        self.where = where
+
+    @property
+    def workspace(self) -> Workspace | None:
+        if callable(self._workspace):
+            self._workspace = self._workspace()
+        return self._workspace
+
+    @property
+    def root(self) -> Path | None:
+        ws = self.workspace
+        return ws.root if ws is not None else None
+
+    def mine(self, what: FolderName) -> Path | None:
+        """The workspace's folder, or None without a workspace."""
+        ws = self.workspace
+        return None if ws is None else getattr(ws, what)
+
+    def get(self, what: FolderName, given: str | Path | None = None) -> Path:
+        """``given`` if there is one, else the workspace's folder; an error without either."""
+        if given is not None:
+            return Path(given)
+        mine = self.mine(what)
+        if mine is None:
+            raise MedomniError(
+                f"{self.where} has no {what} folder: pass {what}=, or open a "
+                "workspace folder whose workspace.yaml names it"
+            )
+        return mine
+
+    def optional(self, what: FolderName, given: str | Path | None = None) -> Path | None:
+        """Like `get`, but None when there is neither."""
+        return Path(given) if given is not None else self.mine(what)
+
+    def results(self, set_name: str, given: str | Path | None = None) -> Path:
+        """Where a score's files go: ``given``, else ``results/<benchmark>.<set>/`` in the
+        workspace folder."""
+        if given is not None:
+            return Path(given)
+        root = self.root
+        if root is None:
+            raise MedomniError(f"{self.where} has no workspace folder for results: pass out=")
+        return root / "results" / set_name.replace("/", ".")
+
+
+# -- studio --------------------------------------------------------------------------------------
+def check_pair(studio: Path, pair: str) -> tuple[str, str]:
+    """``<template>@<cohort>`` -> (template, cohort), both found in ``studio``."""
+    template, sep, cohort = pair.partition("@")
+    if not sep or not template or not cohort:
+        raise ValueError(f"a pair is written <template>@<cohort>; got {pair!r}")
+    path = find_template(studio, template)
+    if path is None:
+        raise SpecError(studio / "datasets", None, "", f"no template {template!r}")
+    folder = load_template(path)
+    if cohort not in folder.cohorts:
+        have = ", ".join(folder.cohorts) or "none"
+        raise SpecError(path / "cohorts", None, "", f"no cohort {cohort!r} ({have})")
+    return template, cohort
+
+
+def check_set(set_name: str, *, studio: Path, bench: Path) -> TaskSet:
+    """The benchmark's set ``<benchmark>/<set>`` as its file defines it."""
+    b_name, s_name = split_set_name(set_name)
+    folder = open_benchmark(b_name, bench_root=bench, studio=studio)
+    if s_name not in folder.sets:
+        have = ", ".join(folder.sets) or "none"
+        raise TaskSetError(f"benchmark {b_name} has no set {s_name!r} (have: {have})")
+    return folder.sets[s_name]
+
+
+def build_pair(
+    store: Store,
+    pair: str,
+    *,
+    folders: Folders,
+    studio: str | Path | None = None,
+    arms: Sequence[str] | None = None,
+    data_root: str | Path | None = None,
+    progress: Progress | None = None,
+) -> list[Built]:
+    """Build one pair, ``<template>@<cohort>``, under its arms (or ``arms``), outside any set."""
+    studio_dir = folders.get("studio", studio)
+    template, cohort = check_pair(studio_dir, pair)
+    bar = _bar(progress, None, "step", pair)
+    try:
+        return studio_build_pair(
+            store,
+            studio_dir,
+            template,
+            cohort,
+            arms=list(arms) if arms else None,
+            data_root=data_root,
+            progress=_steps(bar),
+        )
+    finally:
+        bar.close()
+
+
+def build(
+    store: Store,
+    set_name: str,
+    *,
+    folders: Folders,
+    studio: str | Path | None = None,
+    bench: str | Path | None = None,
+    data_root: str | Path | None = None,
+    shard: tuple[int, int] | None = None,
+    progress: Progress | None = None,
+) -> SetBuilt | None:
+    """Build every pair of ``<benchmark>/<set>`` under every arm and record the set
+    (`build_set`); with ``shard=(i, n)`` build only shard i of n and record nothing (None)."""
+    studio_dir, bench_dir = folders.get("studio", studio), folders.get("bench", bench)
+    spec = check_set(set_name, studio=studio_dir, bench=bench_dir)
+    bar = _bar(progress, len(spec.pairs), "pair", set_name)
+    try:
+        return build_set(
+            store,
+            set_name,
+            studio=studio_dir,
+            bench=bench_dir,
+            data_root=data_root,
+            progress=_postfix(bar),
+            on_pair=lambda _pair, _builds: bar.update(1),
+            shard=shard,
+        )
+    finally:
+        bar.close()
+
+
+def rebuild_set(
+    store: Store,
+    bundle: str | Path,
+    *,
+    folders: Folders,
+    studio: str | Path | None = None,
+    bench: str | Path | None = None,
+    data_root: str | Path | None = None,
+    progress: Progress | None = None,
+) -> tuple[str, list[RebuildRow]]:
+    """Build a published set from your own data and compare ids pair by pair (`rebuild`)."""
+    bar = _bar(progress, None, "step", "rebuild")
+    try:
+        return rebuild(
+            store,
+            bundle,
+            studio=folders.get("studio", studio),
+            bench=folders.get("bench", bench),
+            data_root=data_root,
+            progress=_steps(bar),
+        )
+    finally:
+        bar.close()
+
+
+# -- bench ---------------------------------------------------------------------------------------
+def agent_config(
+    agent: str | Path | AgentConfig, *, folders: Folders, bench: str | Path | None = None
+) -> AgentConfig:
+    """An agent config as given, from its YAML file, or by name under ``bench/agents/``."""
+    if isinstance(agent, AgentConfig):
+        return agent
+    path = Path(agent)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return load_agent(path)  # no bench folder needed
+    return find_agent(folders.get("bench", bench), str(agent))
+
+
+def run(
+    store: Store,
+    set_name: str,
+    agent: str | Path | AgentConfig,
+    *,
+    folders: Folders,
+    runner: str | Runner = "process",
+    runner_options: Mapping[str, str] | None = None,
+    arms: Sequence[str] | None = None,
+    studio: str | Path | None = None,
+    bench: str | Path | None = None,
+    runs_dir: str | Path | None = None,
+    progress: Progress | None = None,
+    **options: object,
+) -> RunReport:
+    """Check the set, then run every slot that has no run yet (`run_set`; running again
+    resumes). ``runner_options`` configure a runner given by name; ``options`` go to
+    `run_set` (``reps``, ``accept_conditions``, ``max_attempts``, ``budget``, ``shard``…).
+    Raises `CheckFailed` with the problems when the set cannot run."""
+    config = agent_config(agent, folders=folders, bench=bench)
+    if runner_options and isinstance(runner, str):
+        runner = get_runner(runner, **runner_options)
+    runs = folders.get("runs", runs_dir)
+    bars = _JobBars(progress)
+    try:
+        return run_set(
+            store,
+            set_name,
+            config,
+            runs_dir=runs,
+            studio=folders.optional("studio", studio),
+            runner=runner,
+            arms=list(arms) if arms else None,
+            progress=bars.update,
+            **options,  # type: ignore[arg-type]  # run_set's keywords, checked by it
+        )
+    finally:
+        bars.close()
+
+
+@dataclass(frozen=True)
+class ScoreReport:
+    """A stored score and the files written for it (none when no folder was asked for)."""
+
+    scored: Scored
+    files: tuple[Path, ...] = ()
+
+    @property
+    def result(self) -> ObjectId:
+        return self.scored.result
+
+
+def score(
+    store: Store,
+    set_name: str,
+    *,
+    agents: Sequence[str] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    out: str | Path | None = None,
+) -> ScoreReport:
+    """Score the recorded jobs of the set, optionally of some agents only (`score_jobs`),
+    move ``results/<set>`` to the result and write results.json/.parquet into ``out``."""
+    view = show_set(store, set_name)
+    jobs = jobs_of(store, view.task_set, list(agents) if agents else None)
+    scored = score_jobs(store, jobs, n_boot=n_boot, seed=seed, set_name=set_name)
+    files = write_results(scored, Path(out)) if out is not None else ()
+    return ScoreReport(scored, tuple(files))
+
+
+def format_value(v: float | None) -> str:
+    """A score as the CLI and the notebook show it: three decimals, ``-`` for none."""
+    return "-" if v is None else f"{v:.3f}"
+
+
+# -- audit ---------------------------------------------------------------------------------------
+def result_id(store: Store, spec: str | ObjectId) -> ObjectId:
+    """A result by set name (its latest score, ``results/<set>``), ref name, id or prefix."""
+    if isinstance(spec, ObjectId):
+        return spec
+    try:
+        rid = store.refs.get(result_ref(spec))
+    except InvalidName:  # an id, a prefix or a ref name is no set name
+        rid = None
+    return rid if rid is not None else store.resolve(spec)
+
+
+def provenance(store: Store, result: str | ObjectId, *, runs: bool = False) -> Provenance:
+    """Where a result came from: its scores, the task set, every build, the agents, served
+    models and jobs (every run too with ``runs``)."""
+    return audit_provenance(store, result_id(store, result), runs=runs)
+
+
+def verify(
+    store: Store,
+    result: str | ObjectId,
+    *,
+    canonical: bool = False,
+    jobs: int | None = None,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Re-hash every object a result was made from and make its answer columns again; the
+    report names each missing, corrupt or malformed object (``ok`` when there is none)."""
+    rid = result_id(store, result)
+    bar = _bar(progress, None, "obj", "verify")
+    try:
+        return verify_result(
+            store,
+            rid,
+            canonical=canonical,
+            jobs=jobs,
+            derived=True,
+            progress=lambda n: bar.update(n - bar.n),
+        )
+    finally:
+        bar.close()
+
+
+@dataclass(frozen=True)
+class DiffReport:
+    """Two results and which of their inputs differ (empty: the same result)."""
+
+    a: ObjectId
+    b: ObjectId
+    differences: list[Difference]
+
+
+def diff(
+    store: Store, a: str | ObjectId, b: str | ObjectId, *, limit: int | None = 50
+) -> DiffReport:
+    """Which inputs of two results differ; ``limit``: per-patient lines per pair and kind
+    before the rest are counted (None: all)."""
+    ida, idb = result_id(store, a), result_id(store, b)
+    return DiffReport(ida, idb, diff_results(store, ida, idb, limit=limit))
+
+
+def export(store: Store, result: str | ObjectId, *, max_items: int = 10_000) -> dict[str, Any]:
+    """A result's provenance as a W3C PROV-JSON document."""
+    return to_prov_json(store, result_id(store, result), max_items=max_items)
+
+
+# -- sharing -------------------------------------------------------------------------------------
+# push and pull (a workspace's remotes) come here.
