@@ -23,7 +23,8 @@ import medomni_cas as mc
 from medomni_cas.errors import UnsupportedOperation
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.backends import directory
-from medomni_cas.store.backends.directory import DirectoryBackend, encode_ref_name
+from medomni_cas.store.backends._layout import encode_ref_name
+from medomni_cas.store.backends.directory import DirectoryBackend
 from medomni_cas.store.backends.fsspec import FsspecBackend
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.backends.memory import MemoryBackend
@@ -345,7 +346,7 @@ def test_decided_update_is_rolled_forward(fsspec_backend: FsspecBackend) -> None
     a, dead, c = counter_key(1), counter_key(2), counter_key(3)
     assert b.ref_update("r", None, a, b"first")
     # what the dead writer left: update 2 decided in the log, the ref still at update 1
-    b.fs.pipe_file(b._log_path("r", 2), dead.hex().encode() + b"\ndead writer")
+    b.fs.pipe_file(b.ref_files.log_path("r", 2), dead.hex().encode() + b"\ndead writer")
     assert b.ref_get("r") == a
     assert b.ref_log("r") == [b"first", b"dead writer"]
     # a writer still expecting `a` loses: the decided update comes first
@@ -358,11 +359,12 @@ def test_decided_update_is_rolled_forward(fsspec_backend: FsspecBackend) -> None
 def test_s3_conditional_writes_are_enforced(s3_endpoint: str) -> None:
     """moto enforces If-None-Match and If-Match; else the thread tests prove nothing."""
     b = FsspecBackend(s3_url(s3_endpoint))
-    path = b._path("probe")
-    assert b._create(path, b"1")
-    assert not b._create(path, b"2")
-    data, etag = b._read_versioned(path)
+    remote = b.io
+    path = remote.path("probe")
+    assert remote.create(path, b"1")
+    assert not remote.create(path, b"2")
+    data, etag = remote.read_versioned(path)
     assert data == b"1" and etag
-    assert b._replace(path, b"3", etag)
-    assert not b._replace(path, b"4", etag)  # stale ETag
-    assert b._read_versioned(path)[0] == b"3"
+    assert remote.replace(path, b"3", etag)
+    assert not remote.replace(path, b"4", etag)  # stale ETag
+    assert remote.read_versioned(path)[0] == b"3"

@@ -31,67 +31,34 @@ import struct
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, quote, unquote
-
-import blake3
+from urllib.parse import parse_qs
 
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend
-from medomni_cas.store.backends._files import TMP_PREFIX, FileWriter, atomic_write, fsync_dir
+from medomni_cas.store.backends._layout import (
+    decode_ref_name,
+    encode_ref_name,
+    key_of,
+    object_path,
+)
+from medomni_cas.store.files import TMP_PREFIX, FileWriter, atomic_write, fsync_dir
+from medomni_cas.store.host import pid_alive
 
 __all__ = [
+    "DEAD_HOLDER_GRACE",
     "LOCK_STALE_AFTER",
     "LOCK_TIMEOUT",
-    "DEAD_HOLDER_GRACE",
     "DirectoryBackend",
-    "decode_ref_name",
-    "encode_ref_name",
-    "key_of",
     "parse_log",
-    "split_key",
 ]
 
 LOCK_TIMEOUT = 10.0
 LOCK_STALE_AFTER = 60.0
 DEAD_HOLDER_GRACE = 2.0
-# File names are limited to 255 bytes on most filesystems; longer names are hashed.
-MAX_ENCODED_NAME = 200
 _LEN = struct.Struct(">I")
-_HEXDIGITS = frozenset("0123456789abcdef")
 _TOMBSTONE = "-"
 
 
-# -- names and keys --------------------------------------------------------------------------
-def split_key(key: bytes) -> tuple[str, str]:
-    """The fan-out folder and file name of an object id."""
-    h = key.hex()
-    return h[:2], h[2:]
-
-
-def key_of(folder: str, name: str) -> bytes | None:
-    """The id stored under ``folder/name``, or None for anything that is not an object."""
-    h = folder + name
-    if len(folder) != 2 or len(h) % 2 or not name or not _HEXDIGITS.issuperset(h):
-        return None
-    return bytes.fromhex(h)
-
-
-def encode_ref_name(name: str) -> str:
-    """A flat file name for a ref name: ``a`` and ``a/b`` must both fit in one folder.
-
-    Ref names never contain ``~``, and `quote` never produces it, so a leading ``~`` marks a
-    hashed name whose full form is stored separately.
-    """
-    quoted = quote(name, safe="")
-    if len(quoted) <= MAX_ENCODED_NAME:
-        return quoted
-    return "~" + blake3.blake3(name.encode()).hexdigest()[:40]
-
-
-def decode_ref_name(encoded: str) -> str | None:
-    """The ref name of a flat file name, or None when it is hashed (look it up)."""
-    return None if encoded.startswith("~") else unquote(encoded)
-
-
+# -- the history file --------------------------------------------------------------------------
 def parse_log(data: bytes, end: int | None = None) -> list[bytes]:
     """Length-prefixed entries of ``data[:end]``; a truncated trailing entry is ignored."""
     view = memoryview(data)[:end]
@@ -104,17 +71,6 @@ def parse_log(data: bytes, end: int | None = None) -> list[bytes]:
         out.append(bytes(view[pos + _LEN.size : pos + _LEN.size + n]))
         pos += _LEN.size + n
     return out
-
-
-# -- small file helpers -------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 class _RefState:
@@ -180,7 +136,7 @@ class DirectoryBackend(Backend):
 
     # -- objects -------------------------------------------------------------------------------
     def _object_path(self, key: bytes) -> Path:
-        folder, name = split_key(key)
+        folder, name = object_path(key)
         return self._objects / folder / name
 
     # docstring inherited
@@ -363,7 +319,7 @@ class DirectoryBackend(Backend):
         if len(holder) >= 2 and holder[1] == self._host and holder[0].isdigit():
             # a dead pid on this host cannot hold the lock; the short grace guards against
             # a holder in another pid namespace that shares our host name
-            if _pid_alive(int(holder[0])) or age < DEAD_HOLDER_GRACE:
+            if pid_alive(int(holder[0])) or age < DEAD_HOLDER_GRACE:
                 return False
         elif age < LOCK_STALE_AFTER:
             return False  # holder unknown (another host, or died before writing its pid)

@@ -28,7 +28,8 @@ from typing import TypeVar
 import lmdb
 
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend
-from medomni_cas.store.backends._files import TMP_PREFIX, FileWriter
+from medomni_cas.store.backends._layout import key_of, object_path
+from medomni_cas.store.files import TMP_PREFIX, FileWriter
 
 __all__ = ["LARGE_OBJECT", "LMDBBackend"]
 
@@ -109,8 +110,8 @@ class LMDBBackend(Backend):
         raise RuntimeError(f"{self.url}: LMDB map keeps being resized by another process")
 
     def _file(self, key: bytes) -> Path:
-        h = key.hex()
-        return self._large / h[:2] / h[2:]
+        folder, name = object_path(key)
+        return self._large / folder / name
 
     def _write_files(self, items: list[tuple[bytes, bytes]]) -> None:
         """Write large objects to their files, durably, before any marker is committed."""
@@ -275,10 +276,9 @@ class LMDBBackend(Backend):
                 if f.name.startswith(TMP_PREFIX):
                     candidates.append((f, None))
                 else:
-                    try:
-                        candidates.append((f, bytes.fromhex(sub.name + f.name)))
-                    except ValueError:
-                        continue
+                    key = key_of(sub.name, f.name)
+                    if key is not None:
+                        candidates.append((f, key))
         absent = set(self.missing(k for _, k in candidates if k is not None))
         n = 0
         for f, key in candidates:
