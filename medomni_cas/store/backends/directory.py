@@ -139,8 +139,8 @@ class DirectoryBackend(Backend):
         folder, name = object_path(key)
         return self._objects / folder / name
 
-    # docstring inherited
     def get(self, key: bytes) -> bytes:
+        # docstring inherited
         try:
             with open(self._object_path(key), "rb") as f:
                 return f.read()
@@ -148,6 +148,7 @@ class DirectoryBackend(Backend):
             raise KeyError(key) from None
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        # docstring inherited
         now = time.time()
         todo: dict[Path, bytes] = {}
         for key, data in items:
@@ -168,6 +169,7 @@ class DirectoryBackend(Backend):
         return True
 
     def contains(self, key: bytes) -> bool:
+        # docstring inherited
         return self._object_path(key).is_file()
 
     def _folders(self, hex_prefix: str) -> list[str]:
@@ -189,12 +191,14 @@ class DirectoryBackend(Backend):
                     yield folder, entry
 
     def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
+        # docstring inherited
         for folder, entry in self._scan(hex_prefix):
             key = key_of(folder, entry.name)
             if key is not None:
                 yield key
 
     def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
+        # docstring inherited
         for folder, entry in self._scan():
             key = key_of(folder, entry.name)
             if key is None:
@@ -205,6 +209,7 @@ class DirectoryBackend(Backend):
                 continue  # deleted while we listed
 
     def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
+        # docstring inherited
         n = 0
         for key in keys:
             path = self._object_path(key)
@@ -239,9 +244,11 @@ class DirectoryBackend(Backend):
         return name
 
     def ref_get(self, name: str) -> bytes | None:
+        # docstring inherited
         return self._read_state(encode_ref_name(name)).value
 
     def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+        # docstring inherited
         encoded = encode_ref_name(name)
         with self._locked(name, encoded):
             state = self._read_state(encoded)
@@ -348,12 +355,14 @@ class DirectoryBackend(Backend):
         return out
 
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        # docstring inherited
         for name, encoded in self._ref_files(prefix):
             value = self._read_state(encoded).value
             if value is not None:
                 yield name, value
 
     def ref_log(self, name: str) -> list[bytes]:
+        # docstring inherited
         encoded = encode_ref_name(name)
         # the ref file first: it says how much of the log is committed
         end = self._read_state(encoded).log_end
@@ -368,9 +377,11 @@ class DirectoryBackend(Backend):
         return parse_log(data, end)
 
     def ref_log_names(self) -> Iterator[str]:
+        # docstring inherited
         for name, encoded in self._ref_files():
             if self._read_state(encoded).log_end > 0:
                 yield name
 
     def close(self) -> None:
+        # docstring inherited
         self._writer.close()
