@@ -33,6 +33,7 @@ from medomni_cas.store.backends.directory import DirectoryBackend
 from medomni_cas.store.backends.fsspec import FsspecBackend
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.backends.memory import MemoryBackend
+from medomni_cas.store.host import pid_alive
 from medomni_cas.store.url import open_backend
 from medomni_cas.testing import BackendTests, counter_key, increment
 
@@ -583,3 +584,16 @@ def test_cached_store_opened_twice(
         assert two.read_blob(oid) == b"shared cache"  # in the one cache, not yet remote
         one.refs.set("main", oid)
         assert mc.open(url).read_blob(two.refs["main"]) == b"shared cache"
+
+
+# -- small pieces ----------------------------------------------------------------------------
+def test_pid_alive() -> None:
+    assert pid_alive(os.getpid())
+    assert not pid_alive(dead_pid())
+    assert not pid_alive(0) and not pid_alive(-1)  # process groups, not a process
+
+
+def test_from_url_is_declared_on_backend() -> None:
+    with pytest.raises(NotImplementedError, match="CachedBackend cannot be opened from a URL"):
+        CachedBackend.from_url("s3://bucket/x")
+    assert isinstance(open_backend("memory://"), MemoryBackend)

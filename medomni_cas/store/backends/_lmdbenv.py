@@ -7,8 +7,9 @@ opening the path again shares it, and closing the last holder closes it.
 
 The first opener's settings (``durable``, ``map_size``) make the environment. A later
 holder that asks for durability the environment lacks flushes it itself after each write
-(`SharedEnv.durable` tells). A child made by ``fork`` never uses its parent's environments
-(LMDB forbids it): it opens its own.
+(`SharedEnv.durable` tells). A child made by ``fork`` is never handed its parent's
+environment (LMDB forbids using it there); it gets py-lmdb's own refusal instead, as
+before sharing: helper processes are started afresh, not forked.
 """
 
 from __future__ import annotations
