@@ -1,5 +1,7 @@
 """A conformance suite for `Backend` implementations, in the style of zarr's ``StoreTests``.
 
+Use
+---
 A backend's test module subclasses `BackendTests` and says how to make a fresh, empty
 backend, either by overriding `BackendTests.make_backend` or the ``backend`` fixture::
 
@@ -11,6 +13,20 @@ backend, either by overriding `BackendTests.make_backend` or the ``backend`` fix
 
 Every test talks to the backend only through the `Backend` interface, so a new backend
 gets the whole contract checked for free.
+
+Bypass hooks
+------------
+A few tests need to put the storage in a state the interface cannot make: an object
+written long ago, an object whose bytes do not match its id, what a killed writer leaves.
+They use hooks that reach around the backend, as zarr's ``set``/``get`` do:
+`BackendTests.set`, `BackendTests.get` and `BackendTests.orphans`. The tests that need
+``set``/``get`` are skipped until a subclass defines them.
+
+Without pytest
+--------------
+Importing this module does not import pytest (a backend's package may ship it without
+depending on pytest); pytest is imported when a subclass is made, which happens in a test
+module.
 """
 
 from __future__ import annotations
@@ -19,11 +35,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import blake3
-import pytest
 
-from medomni_cas.store.backend import Backend
+from medomni_cas.errors import IntegrityError, UnsupportedOperation
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
 
 __all__ = ["BackendTests", "counter_key", "increment"]
 
@@ -34,6 +53,7 @@ def key(data: bytes) -> bytes:
 
 
 def counter_key(n: int) -> bytes:
+    """The id of the counter value ``n`` stored by `increment`."""
     return key(b"%d" % n)
 
 
@@ -58,21 +78,54 @@ def increment(backend: Backend, ref: str, times: int) -> int:
     return lost
 
 
+def _pytest() -> Any:
+    import pytest  # here, not at import time: see the module docstring
+
+    return pytest
+
+
+def _deletes(backend: Backend) -> None:
+    if not backend.supports_deletes:
+        _pytest().skip(f"{backend!r} does not delete objects")
+
+
+def _backend_fixture(self: BackendTests, tmp_path: Path) -> Iterator[Backend]:
+    b = self.make_backend(tmp_path)
+    yield b
+    b.close()
+
+
 class BackendTests:
     """The contract of `Backend`. Subclass, and supply `make_backend` or a ``backend`` fixture."""
 
     #: How many objects `test_many_objects` puts in one batch.
     many: int = 2000
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not hasattr(cls, "backend"):
+            # the default fixture, made here so that importing this module needs no pytest
+            cls.backend = _pytest().fixture(_backend_fixture, name="backend")
+
     def make_backend(self, tmp_path: Path) -> Backend:
         """A fresh, empty backend."""
         raise NotImplementedError(f"{type(self).__name__} must define make_backend")
 
-    @pytest.fixture
-    def backend(self, tmp_path: Path) -> Iterator[Backend]:
-        b = self.make_backend(tmp_path)
-        yield b
-        b.close()
+    # -- bypass hooks ----------------------------------------------------------------------
+    def set(self, backend: Backend, key: bytes, data: bytes, *, stamp: float | None = None) -> None:
+        """Store ``data`` under ``key`` around ``backend`` (not through its methods), as if
+        written at ``stamp`` (epoch seconds; None: now). ``data`` need not hash to ``key``."""
+        _pytest().skip(f"{type(self).__name__} defines no bypass hook `set`")
+
+    def get(self, backend: Backend, key: bytes) -> bytes | None:
+        """The bytes stored under ``key``, read around ``backend``; None when absent."""
+        _pytest().skip(f"{type(self).__name__} defines no bypass hook `get`")
+
+    def orphans(self, backend: Backend) -> int:
+        """Leave in ``backend``'s storage what killed writers leave behind (files that are
+        no object), written before now; return how many `Backend.remove_orphans` must
+        remove. The default leaves nothing, for backends that never leave leftovers."""
+        return 0
 
     # -- objects -------------------------------------------------------------------------------
     def test_put_get_round_trip(self, backend: Backend) -> None:
@@ -94,7 +147,7 @@ class BackendTests:
         assert list(backend.iter_keys()) == [k]
 
     def test_get_absent_raises_key_error(self, backend: Backend) -> None:
-        with pytest.raises(KeyError):
+        with _pytest().raises(KeyError):
             backend.get(key(b"absent"))
 
     def test_get_many_keeps_order_and_marks_absent(self, backend: Backend) -> None:
@@ -148,12 +201,13 @@ class BackendTests:
         assert all(before - 2 <= t <= time.time() + 2 for t in stamps.values())
 
     def test_delete_many(self, backend: Backend) -> None:
+        _deletes(backend)
         keys = [key(b"%d" % i) for i in range(6)]
         backend.put_many((k, b"v") for k in keys)
         assert backend.delete_many([keys[0], keys[1], key(b"never")]) == 2
         assert backend.delete_many([keys[0]]) == 0
         assert sorted(backend.iter_keys()) == sorted(keys[2:])
-        with pytest.raises(KeyError):
+        with _pytest().raises(KeyError):
             backend.get(keys[0])
         # a deleted object can be put again
         assert backend.put(keys[0], b"v")
@@ -166,6 +220,100 @@ class BackendTests:
         got = dict(backend.get_many(k for k, _ in items))
         assert got == dict(items)
         assert len(list(backend.iter_keys())) == self.many
+
+    def test_get_list_keeps_order_and_marks_absent(self, backend: Backend) -> None:
+        a, b, c, e = key(b"a"), key(b"b"), key(b"c"), key(b"")
+        backend.put_many([(a, b"a"), (c, b"c"), (e, b"")])
+        assert backend.get_list([c, b, a, c, e]) == [b"c", None, b"a", b"c", b""]
+        assert backend.get_list([]) == []
+        assert backend.get_list([b]) == [None]
+        assert backend.get_list((a,)) == [b"a"]  # any sequence
+
+    def test_batch_reads_agree(self, backend: Backend) -> None:
+        items = [(key(b"batch%d" % i), b"value %d" % i) for i in range(300)]
+        backend.put_many(items[::2])
+        keys = [k for k, _ in items] + [items[0][0]]  # absent ones, and a repeat
+        expected = [backend.get(k) if backend.contains(k) else None for k in keys]
+        assert expected[::2][:3] == [b"value 0", b"value 2", b"value 4"]
+        assert [data for _, data in backend.get_many(keys)] == expected
+        assert [k for k, _ in backend.get_many(keys)] == keys
+        assert backend.get_list(keys) == expected
+
+    # -- deleting (gc's contract) ------------------------------------------------------------
+    def test_delete_unsupported(self, backend: Backend) -> None:
+        if backend.supports_deletes:
+            _pytest().skip(f"{backend!r} deletes")
+        k = key(b"kept")
+        backend.put(k, b"kept")
+        with _pytest().raises(UnsupportedOperation):
+            backend.delete_many([k])
+        assert backend.get(k) == b"kept"
+
+    def test_delete_older_than_keeps_what_is_not_older(self, backend: Backend) -> None:
+        _deletes(backend)
+        keys = [key(b"t%d" % i) for i in range(6)]
+        backend.put_many((k, b"v") for k in keys)
+        stamps = dict(backend.iter_stamps())
+        # gc passes its cutoff: a key written at or after it may have been put again since
+        # gc listed it, and is kept
+        assert backend.delete_many(keys, older_than=min(stamps.values()) - 0.001) == 0
+        assert backend.missing(keys) == []
+        assert backend.delete_many(keys[:2], older_than=max(stamps.values()) + 1) == 2
+        assert backend.missing(keys) == keys[:2]
+
+    def test_delete_older_than_of_old_objects(self, backend: Backend) -> None:
+        _deletes(backend)
+        now = time.time()
+        old, fresh = key(b"old"), key(b"fresh")
+        self.set(backend, old, b"old", stamp=now - 7200)
+        backend.put(fresh, b"fresh")
+        assert backend.delete_many([old, fresh], older_than=now - 60) == 1
+        assert backend.missing([old, fresh]) == [old]
+        assert self.get(backend, old) is None
+        assert self.get(backend, fresh) == b"fresh"
+
+    def test_put_again_refreshes_an_old_object(self, backend: Backend) -> None:
+        """gc's grace counts from the write time: an object put again (a writer about to
+        link to it) must not be swept as old."""
+        _deletes(backend)
+        k = key(b"again")
+        self.set(backend, k, b"again", stamp=time.time() - 2 * FRESHEN_AFTER)
+        assert backend.put_many([(k, b"again")]) == 0
+        assert backend.delete_many([k], older_than=time.time() - 60) == 0
+        assert backend.get(k) == b"again"
+
+    def test_remove_orphans(self, backend: Backend) -> None:
+        items = [(key(b"o%d" % i), b"v%d" % i) for i in range(10)]
+        big = b"x" * (300 * 1024)  # large enough to be a file of its own where that applies
+        items.append((key(big), big))
+        backend.put_many(items)
+        planted = self.orphans(backend)
+        assert backend.remove_orphans(time.time() + 10) == planted
+        assert backend.remove_orphans(time.time() + 10) == 0
+        assert backend.get_list([k for k, _ in items]) == [d for _, d in items]
+
+    # -- the bypass hooks ----------------------------------------------------------------------
+    def test_bypass_get_reads_what_was_put(self, backend: Backend) -> None:
+        k = key(b"put")
+        backend.put(k, b"put")
+        assert self.get(backend, k) == b"put"
+        assert self.get(backend, key(b"absent")) is None
+
+    def test_object_set_around_the_backend_is_read(self, backend: Backend) -> None:
+        k = key(b"planted")
+        self.set(backend, k, b"planted")
+        assert backend.get(k) == b"planted"
+        assert backend.get_list([k]) == [b"planted"]
+        assert list(backend.get_many([k])) == [(k, b"planted")]
+        assert backend.missing([k]) == []
+        assert backend.contains(k)
+        assert list(backend.iter_keys(k.hex()[:3])) == [k]
+
+    def test_corrupt_object_is_refused_by_the_store(self, backend: Backend) -> None:
+        k = key(b"genuine")
+        self.set(backend, k, b"tampered")
+        with _pytest().raises(IntegrityError):
+            Store(backend).get_raw(ObjectId(k))
 
     # -- refs ----------------------------------------------------------------------------------
     def test_ref_create_only(self, backend: Backend) -> None:
@@ -275,6 +423,18 @@ class BackendTests:
             assert backend.ref_update(name, None, counter_key(i), b"")
         assert backend.ref_get_many(names) == [backend.ref_get(n) for n in names]
 
+    def test_ref_get_prefixed(self, backend: Backend) -> None:
+        ids = [counter_key(i) for i in range(20)]
+        for i, raw in enumerate(ids[::3]):
+            assert backend.ref_update("runs/slots/" + raw.hex(), None, counter_key(100 + i), b"")
+        backend.ref_update("other/" + ids[1].hex(), None, counter_key(1), b"")
+        asked = [*ids, ids[0]]
+        got = backend.ref_get_prefixed("runs/slots/", asked)
+        assert got == [backend.ref_get("runs/slots/" + raw.hex()) for raw in asked]
+        assert got[0] == counter_key(100) and got[1] is None and got[3] == counter_key(101)
+        assert backend.ref_get_prefixed("runs/slots/", []) == []
+        assert backend.ref_get_prefixed("nothing/", ids[:2]) == [None, None]
+
     def test_refs_and_objects_are_separate(self, backend: Backend) -> None:
         a = key(b"a")
         backend.ref_update("r", None, a, b"")
@@ -287,7 +447,7 @@ class BackendTests:
 
     def test_threads_lose_no_update(self, backend: Backend) -> None:
         if not backend.supports_atomic_refs:
-            pytest.skip(f"{backend!r}: ref updates are not atomic across writers")
+            _pytest().skip(f"{backend!r}: ref updates are not atomic across writers")
         errors: list[BaseException] = []
 
         def work() -> None:

@@ -13,9 +13,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import blake3
 import fsspec
 import pytest
 
@@ -23,10 +24,16 @@ import medomni_cas as mc
 from medomni_cas.errors import UnsupportedOperation
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.backends import directory
-from medomni_cas.store.backends.directory import DirectoryBackend, encode_ref_name
+from medomni_cas.store.backends import lmdb as lmdb_backend
+from medomni_cas.store.backends._layout import encode_ref_name
+from medomni_cas.store.backends._lmdbenv import open_count
+from medomni_cas.store.backends._packs import build_index, build_pack
+from medomni_cas.store.backends.cached import CachedBackend
+from medomni_cas.store.backends.directory import DirectoryBackend
 from medomni_cas.store.backends.fsspec import FsspecBackend
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.backends.memory import MemoryBackend
+from medomni_cas.store.host import pid_alive
 from medomni_cas.store.url import open_backend
 from medomni_cas.testing import BackendTests, counter_key, increment
 
@@ -49,22 +56,75 @@ print(increment(backend, ref, n))
 
 
 # -- the conformance suite on every backend --------------------------------------------------
+def _stamp_ms(stamp: float | None) -> int:
+    return int((time.time() if stamp is None else stamp) * 1000)
+
+
 class TestMemoryBackend(BackendTests):
     def make_backend(self, tmp_path: Path) -> Backend:
         return MemoryBackend()
+
+    def set(self, backend: Backend, key: bytes, data: bytes, *, stamp: float | None = None) -> None:
+        assert isinstance(backend, MemoryBackend)
+        backend._objects[key] = (time.time() if stamp is None else stamp, data)
+
+    def get(self, backend: Backend, key: bytes) -> bytes | None:
+        assert isinstance(backend, MemoryBackend)
+        entry = backend._objects.get(key)
+        return None if entry is None else entry[1]
 
 
 class TestLMDBBackend(BackendTests):
     def make_backend(self, tmp_path: Path) -> Backend:
         return LMDBBackend(tmp_path / "lmdb", durable=False)
 
+    def set(self, backend: Backend, key: bytes, data: bytes, *, stamp: float | None = None) -> None:
+        assert isinstance(backend, LMDBBackend)
+        value = lmdb_backend._HDR.pack(lmdb_backend._INLINE, _stamp_ms(stamp)) + data
+        with backend.env.begin(write=True) as txn:
+            txn.put(key, value, db=backend._objects)
 
-class TestDirectoryBackend(BackendTests):
+    def get(self, backend: Backend, key: bytes) -> bytes | None:
+        assert isinstance(backend, LMDBBackend)
+        with backend.env.begin() as txn:
+            value = txn.get(key, db=backend._objects)
+        if value is None:
+            return None
+        if value[0] == lmdb_backend._INLINE:
+            return bytes(value[lmdb_backend._HDR.size :])
+        return backend._file(key).read_bytes()
+
+    def orphans(self, backend: Backend) -> int:
+        # a chunk file whose entry was never committed, and a half-written temp file
+        assert isinstance(backend, LMDBBackend)
+        orphan = backend._file(counter_key(10**6))
+        orphan.parent.mkdir(parents=True, exist_ok=True)
+        orphan.write_bytes(b"chunk")
+        (orphan.parent / ".tmp-1-abcdef").write_bytes(b"half")
+        return 2
+
+
+class _DirectoryHooks(BackendTests):
+    def set(self, backend: Backend, key: bytes, data: bytes, *, stamp: float | None = None) -> None:
+        assert isinstance(backend, DirectoryBackend)
+        path = backend._object_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        if stamp is not None:
+            os.utime(path, (stamp, stamp))
+
+    def get(self, backend: Backend, key: bytes) -> bytes | None:
+        assert isinstance(backend, DirectoryBackend)
+        path = backend._object_path(key)
+        return path.read_bytes() if path.exists() else None
+
+
+class TestDirectoryBackend(_DirectoryHooks):
     def make_backend(self, tmp_path: Path) -> Backend:
         return DirectoryBackend.from_url(f"file://{tmp_path}/dir?fsync=0")
 
 
-class TestDirectoryBackendDurable(BackendTests):
+class TestDirectoryBackendDurable(_DirectoryHooks):
     """With fsync on, as by default; fewer objects to keep it fast on slow disks."""
 
     many = 200
@@ -73,7 +133,30 @@ class TestDirectoryBackendDurable(BackendTests):
         return DirectoryBackend(tmp_path / "dir")
 
 
-class TestFsspecMemoryBackend(BackendTests):
+class _FsspecHooks(BackendTests):
+    """Objects planted as a pack written around the backend (write times are in the index:
+    a loose file's time is the server's), read back by a second instance."""
+
+    def set(self, backend: Backend, key: bytes, data: bytes, *, stamp: float | None = None) -> None:
+        assert isinstance(backend, FsspecBackend)
+        pack, offsets = build_pack([data])
+        name, idx = build_index(pack, [(key, offsets[0], len(data), _stamp_ms(stamp))])
+        backend.fs.pipe_file(backend.index.pack_path(name, "pack"), pack)
+        backend.fs.pipe_file(backend.index.pack_path(name, "idx"), idx)
+
+    def get(self, backend: Backend, key: bytes) -> bytes | None:
+        assert isinstance(backend, FsspecBackend)
+        return next(FsspecBackend(backend.url).get_many([key]))[1]
+
+    def orphans(self, backend: Backend) -> int:
+        # a pack whose index a killed writer never wrote
+        assert isinstance(backend, FsspecBackend)
+        pack, _ = build_pack([b"orphan"])
+        backend.fs.pipe_file(backend.index.pack_path("0" * 64, "pack"), pack)
+        return 1
+
+
+class TestFsspecMemoryBackend(_FsspecHooks):
     """fsspec's in-memory filesystem: no conditional writes, so single-writer refs."""
 
     @pytest.fixture
@@ -84,6 +167,40 @@ class TestFsspecMemoryBackend(BackendTests):
         fs = fsspec.filesystem("memory")
         if fs.exists(root):
             fs.rm(root, recursive=True)
+
+
+def _publish_named(source: Backend, remote: Backend, roots: Iterable[bytes]) -> int:
+    """Publish for raw objects: the suite's objects are bytes with no links, so the
+    closure of a root is the root (and a ref may name an object never stored)."""
+    items = [(k, d) for k, d in source.get_many(roots) if d is not None]
+    return remote.put_many(items)
+
+
+class TestCachedBackend(BackendTests):
+    """An LMDB cache in front of a memory remote: what is planted is in the remote only,
+    so every hook-based read goes through the cache's read-through path."""
+
+    def make_backend(self, tmp_path: Path) -> Backend:
+        local = LMDBBackend(tmp_path / "cache", durable=False)
+        return CachedBackend(local, MemoryBackend(), publish=_publish_named)
+
+    def set(self, backend: Backend, key: bytes, data: bytes, *, stamp: float | None = None) -> None:
+        assert isinstance(backend, CachedBackend)
+        TestMemoryBackend().set(backend.remote, key, data, stamp=stamp)
+
+    def get(self, backend: Backend, key: bytes) -> bytes | None:
+        assert isinstance(backend, CachedBackend)
+        local = TestLMDBBackend().get(backend.local, key)
+        return local if local is not None else TestMemoryBackend().get(backend.remote, key)
+
+    def test_ref_update_publishes_first(self, backend: Backend) -> None:
+        assert isinstance(backend, CachedBackend)
+        k = blake3.blake3(b"published").digest()
+        backend.put(k, b"published")
+        assert backend.remote.missing([k]) == [k]  # written to the cache only
+        assert backend.ref_update("main", None, k, b"")
+        assert backend.remote.get(k) == b"published"
+        assert backend.remote.ref_get("main") == k
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +234,7 @@ def s3_url(endpoint: str) -> str:
     return f"s3://{BUCKET}/{uuid.uuid4().hex}?endpoint_url={endpoint}"
 
 
-class TestS3Backend(BackendTests):
+class TestS3Backend(_FsspecHooks):
     """s3fs against moto's S3 server: conditional writes, so multi-writer refs."""
 
     # moto serves from this process, a few ms a request: fewer objects and increments
@@ -345,7 +462,7 @@ def test_decided_update_is_rolled_forward(fsspec_backend: FsspecBackend) -> None
     a, dead, c = counter_key(1), counter_key(2), counter_key(3)
     assert b.ref_update("r", None, a, b"first")
     # what the dead writer left: update 2 decided in the log, the ref still at update 1
-    b.fs.pipe_file(b._log_path("r", 2), dead.hex().encode() + b"\ndead writer")
+    b.fs.pipe_file(b.ref_files.log_path("r", 2), dead.hex().encode() + b"\ndead writer")
     assert b.ref_get("r") == a
     assert b.ref_log("r") == [b"first", b"dead writer"]
     # a writer still expecting `a` loses: the decided update comes first
@@ -358,11 +475,125 @@ def test_decided_update_is_rolled_forward(fsspec_backend: FsspecBackend) -> None
 def test_s3_conditional_writes_are_enforced(s3_endpoint: str) -> None:
     """moto enforces If-None-Match and If-Match; else the thread tests prove nothing."""
     b = FsspecBackend(s3_url(s3_endpoint))
-    path = b._path("probe")
-    assert b._create(path, b"1")
-    assert not b._create(path, b"2")
-    data, etag = b._read_versioned(path)
+    remote = b.io
+    path = remote.path("probe")
+    assert remote.create(path, b"1")
+    assert not remote.create(path, b"2")
+    data, etag = remote.read_versioned(path)
     assert data == b"1" and etag
-    assert b._replace(path, b"3", etag)
-    assert not b._replace(path, b"4", etag)  # stale ETag
-    assert b._read_versioned(path)[0] == b"3"
+    assert remote.replace(path, b"3", etag)
+    assert not remote.replace(path, b"4", etag)  # stale ETag
+    assert remote.read_versioned(path)[0] == b"3"
+
+
+# -- the suite without pytest ----------------------------------------------------------------
+NO_PYTEST = """
+import sys
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pytest" or name.startswith(("pytest.", "_pytest")):
+            raise ImportError(f"blocked: {name}")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+import medomni_cas.testing as t
+assert "pytest" not in sys.modules and "_pytest" not in sys.modules
+print(sorted(t.__all__))
+"""
+
+
+def test_testing_imports_without_pytest() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    out = subprocess.run(
+        [sys.executable, "-c", NO_PYTEST], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "BackendTests" in out.stdout
+    # and the finder does block pytest, so the check above can fail
+    blocked = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            NO_PYTEST.replace("import medomni_cas.testing as t", "import pytest"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert blocked.returncode != 0 and "blocked: pytest" in blocked.stderr
+
+
+# -- one LMDB environment per path per process -------------------------------------------------
+def test_lmdb_path_opened_twice_shares_one_environment(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    first = LMDBBackend(path, durable=False)
+    second = LMDBBackend(path)  # asks for durability the environment lacks: flushes itself
+    assert second.env is first.env and open_count(path) == 2
+    k = counter_key(1)
+    second.put(k, b"1")
+    assert first.get(k) == b"1"
+    first.close()
+    first.close()  # closing twice is harmless, and does not drop the other holder
+    assert open_count(path) == 1
+    assert second.get(k) == b"1"
+    second.close()
+    assert open_count(path) == 0
+    with LMDBBackend(path) as again:  # closed for good: opened afresh
+        assert again.get(k) == b"1"
+    assert open_count(path) == 0
+
+
+def test_store_opened_again_while_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-running ``open_workspace``, or ``mc.open()`` while a workspace is open: the same
+    path by another spelling (relative, absolute, the workspace file's) shares it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "workspace.yaml").write_text("store: lmdb://./.medomni/store\n")
+    with mc.open() as ws_store:
+        oid = ws_store.put_blob(b"in the workspace")
+        with mc.open() as again, mc.open("lmdb://./.medomni/store") as default:
+            assert again.read_blob(oid) == default.read_blob(oid) == b"in the workspace"
+            again.refs.set("main", oid)
+        with mc.open(f"lmdb://{tmp_path}/.medomni/store") as absolute:
+            assert absolute.refs["main"] == oid
+        assert ws_store.refs["main"] == oid  # still open after the others closed
+    assert open_count(tmp_path / ".medomni" / "store") == 0
+
+
+def test_medomni_view_while_the_store_is_open(tmp_path: Path) -> None:
+    """``pd.read_parquet("medomni://…")`` while a store is open opens the store again."""
+    url = f"lmdb://{tmp_path}/store"
+    with mc.open(url) as store:
+        blob = store.put_blob(b"a,b\n1,2\n")
+        store.refs.set("data", store.put_tree({"t.csv": blob}))
+        fs = fsspec.filesystem("medomni", store=url)
+        assert fs.cat("data/t.csv") == b"a,b\n1,2\n"
+        assert open_count(tmp_path / "store") == 2
+
+
+def test_cached_store_opened_twice(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    url = s3_url(s3_endpoint)
+    with mc.open(url, cache=True) as one, mc.open(url, cache=True) as two:
+        assert isinstance(one.backend, CachedBackend) and isinstance(two.backend, CachedBackend)
+        assert one.backend.local.url == two.backend.local.url
+        oid = one.put_blob(b"shared cache")
+        assert two.read_blob(oid) == b"shared cache"  # in the one cache, not yet remote
+        one.refs.set("main", oid)
+        assert mc.open(url).read_blob(two.refs["main"]) == b"shared cache"
+
+
+# -- small pieces ----------------------------------------------------------------------------
+def test_pid_alive() -> None:
+    assert pid_alive(os.getpid())
+    assert not pid_alive(dead_pid())
+    assert not pid_alive(0) and not pid_alive(-1)  # process groups, not a process
+
+
+def test_from_url_is_declared_on_backend() -> None:
+    with pytest.raises(NotImplementedError, match="CachedBackend cannot be opened from a URL"):
+        CachedBackend.from_url("s3://bucket/x")
+    assert isinstance(open_backend("memory://"), MemoryBackend)

@@ -176,7 +176,7 @@ def test_s3_packs_small_objects(s3_endpoint: str) -> None:  # noqa: F811
     with counting(store) as counts:
         ids = store.put_raw_many((None, blob_object(b"%d" % i)[1]) for i in range(1000))
     assert counts == {"list_objects_v2": 1, "put_object": 2}  # listing, pack, index
-    names = sorted(p.rsplit("/", 1)[-1] for p in backend.fs.ls(backend._path("packs")))
+    names = sorted(p.rsplit("/", 1)[-1] for p in backend.fs.ls(backend.io.path("packs")))
     assert [n.rsplit(".", 1)[1] for n in names] == ["idx", "pack"]
     other = mc.open(store.url)
     with counting(other) as counts:
@@ -265,8 +265,8 @@ def _flip_packed_byte(store: mc.Store, oid: ObjectId) -> None:
     backend = store.backend
     assert isinstance(backend, FsspecBackend)
     backend.refresh()
-    name, offset, length, _ = backend._where[oid]
-    path = backend._pack_path(name, "pack")
+    name, offset, length, _ = backend.index.where[oid]
+    path = backend.index.pack_path(name, "pack")
     data = bytearray(backend.fs.cat_file(path))
     data[offset + length - 1] ^= 0xFF
     backend.fs.pipe_file(path, bytes(data))
@@ -315,8 +315,8 @@ def _blobs(n: int, salt: bytes = b"") -> list[tuple[ObjectId, bytes]]:
 def test_truncated_pack_is_detected(packed: FsspecBackend) -> None:
     items = _blobs(50)
     packed.put_many(items)
-    (name,) = packed._packs
-    path = packed._pack_path(name, "pack")
+    (name,) = packed.index.packs
+    path = packed.index.pack_path(name, "pack")
     data = packed.fs.cat_file(path)
     packed.fs.pipe_file(path, data[: len(data) // 2])
     reader = FsspecBackend(packed.url)
@@ -328,8 +328,8 @@ def test_truncated_pack_is_detected(packed: FsspecBackend) -> None:
 
 def test_truncated_index_is_detected(packed: FsspecBackend) -> None:
     packed.put_many(_blobs(50))
-    (name,) = packed._packs
-    path = packed._pack_path(name, "idx")
+    (name,) = packed.index.packs
+    path = packed.index.pack_path(name, "idx")
     packed.fs.pipe_file(path, packed.fs.cat_file(path)[:-7])
     with pytest.raises(CorruptPack, match=f"{name}.idx.*truncated"):
         FsspecBackend(packed.url).missing([items_key(0)])
@@ -344,7 +344,7 @@ def test_loose_layout_of_older_stores_is_read(packed: FsspecBackend, tmp_path: P
     root = build(store, 40)
     for oid, data in store.walk([root]):  # written as before packs: one file per object
         h = oid.hex()
-        packed.fs.pipe_file(packed._path("objects", h[:2], h[2:]), data)
+        packed.fs.pipe_file(packed.io.path("objects", h[:2], h[2:]), data)
     old = mc.open(packed.url, single_writer=True)
     assert old.missing(store.closure(root)) == []
     assert sorted(old.iter_ids()) == sorted(store.closure(root))
@@ -358,14 +358,14 @@ def test_loose_layout_of_older_stores_is_read(packed: FsspecBackend, tmp_path: P
 def test_pack_deletes_rewrite_survivors(packed: FsspecBackend) -> None:
     items = _blobs(20)
     packed.put_many(items)
-    (old_name,) = packed._packs
+    (old_name,) = packed.index.packs
     reader = FsspecBackend(packed.url)
     assert reader.missing(k for k, _ in items) == []  # loads the index, then gc moves things
     doomed = [k for k, _ in items[:5]]
     assert packed.delete_many(doomed) == 5
-    (new_name,) = packed._packs
+    (new_name,) = packed.index.packs
     assert new_name != old_name
-    assert not packed.fs.exists(packed._pack_path(old_name, "pack"))
+    assert not packed.fs.exists(packed.index.pack_path(old_name, "pack"))
     assert reader.get(items[10][0]) == items[10][1]  # stale index: re-read from the new pack
     assert dict(reader.get_many(k for k, _ in items)) == {
         k: (None if k in doomed else d) for k, d in items
@@ -376,12 +376,11 @@ def test_pack_deletes_rewrite_survivors(packed: FsspecBackend) -> None:
 def test_pack_delete_keeps_objects_put_again(packed: FsspecBackend) -> None:
     items = _blobs(10)
     packed.put_many(items)
-    (name,) = packed._packs
+    (name,) = packed.index.packs
     # gc listed them long ago; then a writer put one again (freshened into a new pack)
-    idx = packed._packs[name]
-    packed._packs[name] = idx._replace(stamps=tuple(0 for _ in idx.stamps))
-    with packed._lock:
-        packed._rebuild()
+    idx = packed.index.packs[name]
+    packed.index.packs[name] = idx._replace(stamps=tuple(0 for _ in idx.stamps))
+    packed.index.rebuild()
     packed.put_many(items[:4])
     assert packed.delete_many([k for k, _ in items], older_than=1000.0) == 6
     assert packed.missing(k for k, _ in items) == [k for k, _ in items[4:]]
@@ -389,11 +388,11 @@ def test_pack_delete_keeps_objects_put_again(packed: FsspecBackend) -> None:
 
 def test_orphan_pack_is_removed(packed: FsspecBackend) -> None:
     packed.put_many(_blobs(10))
-    (name,) = packed._packs
-    packed.fs.rm_file(packed._pack_path(name, "idx"))  # a writer died before the index
+    (name,) = packed.index.packs
+    packed.fs.rm_file(packed.index.pack_path(name, "idx"))  # a writer died before the index
     assert packed.remove_orphans(older_than=0.0) == 0  # too young
     assert packed.remove_orphans(older_than=4e9) == 1
-    assert not packed.fs.exists(packed._pack_path(name, "pack"))
+    assert not packed.fs.exists(packed.index.pack_path(name, "pack"))
 
 
 def test_gc_on_a_packed_remote(packed: FsspecBackend, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -423,14 +422,14 @@ def test_repack_merges_small_packs(
         packed.put_many(batch)
     reader = FsspecBackend(packed.url)
     assert reader.missing(k for b in batches for k, _ in b) == []  # an index of 5 packs
-    assert len(reader._packs) == 5
+    assert len(reader.index.packs) == 5
     code, out, err = cli(capsys, "cas", "repack", "--store", packed.url, "--json")
     assert code == 0, err
     assert json.loads(out)["merged"] == 5
     assert packed.repack() == 0  # this instance saw them go: nothing left to merge
     fresh = FsspecBackend(packed.url)
     assert fresh.missing(k for b in batches for k, _ in b) == []
-    assert len(fresh._packs) == 1
+    assert len(fresh.index.packs) == 1
     everything = [item for b in batches for item in b]
     assert dict(reader.get_many(k for k, _ in everything)) == dict(everything)  # stale reader
 
@@ -439,7 +438,7 @@ def test_large_and_few_objects_are_loose(packed: FsspecBackend) -> None:
     big = blob_object(b"x" * fsspec_backend.LOOSE_SIZE)
     few = _blobs(fsspec_backend.PACK_MIN - 1, b"few")
     assert packed.put_many([big, *few]) == 1 + len(few)
-    assert packed._packs == {}
+    assert packed.index.packs == {}
     assert packed.put_many([big, *few]) == 0
     assert FsspecBackend(packed.url).get(big[0]) == big[1]
 

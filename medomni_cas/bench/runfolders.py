@@ -36,8 +36,8 @@ from medomni_cas.bench.records import (
 )
 from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError
 from medomni_cas.store import encoding
-from medomni_cas.store.backends._files import atomic_write
 from medomni_cas.store.backends.memory import MemoryBackend
+from medomni_cas.store.files import atomic_write
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
 from medomni_cas.store.trees import check_entry_name

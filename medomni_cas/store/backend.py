@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, Self
 
 __all__ = ["FRESHEN_AFTER", "Backend"]
 
@@ -40,6 +40,16 @@ class Backend(ABC):
     supports_atomic_refs: bool = True
 
     url: str = ""
+
+    @classmethod
+    def from_url(cls, url: str) -> Self:
+        """The backend at ``url`` (its scheme already chose this class).
+
+        Every backend that a URL names implements it: `medomni_cas.store.url.open_backend`
+        calls it for the class registered under the URL's scheme. A backend made only by
+        composing others (the cached store) has no URL of its own and keeps this default.
+        """
+        raise NotImplementedError(f"{cls.__name__} cannot be opened from a URL ({url!r})")
 
     # -- objects ---------------------------------------------------------------------------
     @abstractmethod
@@ -93,6 +103,7 @@ class Backend(ABC):
 
     # -- batch defaults (override for speed) ------------------------------------------------
     def put(self, key: bytes, data: bytes) -> bool:
+        """Store one object if absent; True when it was new."""
         return self.put_many([(key, data)]) == 1
 
     def get_many(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
@@ -138,7 +149,7 @@ class Backend(ABC):
         return 0
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
-        """Release handles; the backend is unusable afterwards."""
+        """Release handles; the backend is unusable afterwards. Closing twice is harmless."""
 
     def __enter__(self) -> Backend:
         return self

@@ -68,6 +68,10 @@ class Store:
         return self.backend.url
 
     def close(self) -> None:
+        """Release the backend; the store is unusable afterwards (closing twice is harmless).
+
+        A local environment that other stores of this process opened on the same path
+        stays open until the last of them closes (``with mc.open(url) as store:``)."""
         self.backend.close()
 
     def __enter__(self) -> Store:

@@ -172,7 +172,7 @@ def open_backend(url: str, *, create: bool = True, cls: type[Backend] | None = N
             raise FileNotFoundError(f"no store at {url} (create one with `medomni cas init`)")
     if cls is None:
         cls = _backend_class(scheme)
-    return cls.from_url(url)  # type: ignore[attr-defined]
+    return cls.from_url(url)
 
 
 def open_store(
@@ -190,11 +190,17 @@ def open_store(
     objects written reach it when a ref is set to them (`CachedBackend`)."""
     backend = open_backend(url or default_store_url(), create=create)
     if cache:
+        from collections.abc import Iterable
+
         from medomni_cas.store.backends.cached import CachedBackend
+        from medomni_cas.store.sync import send
+
+        def publish(source: Backend, remote: Backend, roots: Iterable[bytes]) -> int:
+            return send(Store(source), Store(remote), roots).objects
 
         local_url = default_cache_url(backend.url) if cache is True else str(cache)
         try:
-            backend = CachedBackend(open_backend(local_url), backend)
+            backend = CachedBackend(open_backend(local_url), backend, publish=publish)
         except BaseException:
             backend.close()
             raise

@@ -31,67 +31,34 @@ import struct
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, quote, unquote
-
-import blake3
+from urllib.parse import parse_qs
 
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend
-from medomni_cas.store.backends._files import TMP_PREFIX, FileWriter, atomic_write, fsync_dir
+from medomni_cas.store.backends._layout import (
+    decode_ref_name,
+    encode_ref_name,
+    key_of,
+    object_path,
+)
+from medomni_cas.store.files import TMP_PREFIX, FileWriter, atomic_write, fsync_dir
+from medomni_cas.store.host import pid_alive
 
 __all__ = [
+    "DEAD_HOLDER_GRACE",
     "LOCK_STALE_AFTER",
     "LOCK_TIMEOUT",
-    "DEAD_HOLDER_GRACE",
     "DirectoryBackend",
-    "decode_ref_name",
-    "encode_ref_name",
-    "key_of",
     "parse_log",
-    "split_key",
 ]
 
 LOCK_TIMEOUT = 10.0
 LOCK_STALE_AFTER = 60.0
 DEAD_HOLDER_GRACE = 2.0
-# File names are limited to 255 bytes on most filesystems; longer names are hashed.
-MAX_ENCODED_NAME = 200
 _LEN = struct.Struct(">I")
-_HEXDIGITS = frozenset("0123456789abcdef")
 _TOMBSTONE = "-"
 
 
-# -- names and keys --------------------------------------------------------------------------
-def split_key(key: bytes) -> tuple[str, str]:
-    """The fan-out folder and file name of an object id."""
-    h = key.hex()
-    return h[:2], h[2:]
-
-
-def key_of(folder: str, name: str) -> bytes | None:
-    """The id stored under ``folder/name``, or None for anything that is not an object."""
-    h = folder + name
-    if len(folder) != 2 or len(h) % 2 or not name or not _HEXDIGITS.issuperset(h):
-        return None
-    return bytes.fromhex(h)
-
-
-def encode_ref_name(name: str) -> str:
-    """A flat file name for a ref name: ``a`` and ``a/b`` must both fit in one folder.
-
-    Ref names never contain ``~``, and `quote` never produces it, so a leading ``~`` marks a
-    hashed name whose full form is stored separately.
-    """
-    quoted = quote(name, safe="")
-    if len(quoted) <= MAX_ENCODED_NAME:
-        return quoted
-    return "~" + blake3.blake3(name.encode()).hexdigest()[:40]
-
-
-def decode_ref_name(encoded: str) -> str | None:
-    """The ref name of a flat file name, or None when it is hashed (look it up)."""
-    return None if encoded.startswith("~") else unquote(encoded)
-
-
+# -- the history file --------------------------------------------------------------------------
 def parse_log(data: bytes, end: int | None = None) -> list[bytes]:
     """Length-prefixed entries of ``data[:end]``; a truncated trailing entry is ignored."""
     view = memoryview(data)[:end]
@@ -104,17 +71,6 @@ def parse_log(data: bytes, end: int | None = None) -> list[bytes]:
         out.append(bytes(view[pos + _LEN.size : pos + _LEN.size + n]))
         pos += _LEN.size + n
     return out
-
-
-# -- small file helpers -------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 class _RefState:
@@ -180,11 +136,11 @@ class DirectoryBackend(Backend):
 
     # -- objects -------------------------------------------------------------------------------
     def _object_path(self, key: bytes) -> Path:
-        folder, name = split_key(key)
+        folder, name = object_path(key)
         return self._objects / folder / name
 
-    # docstring inherited
     def get(self, key: bytes) -> bytes:
+        # docstring inherited
         try:
             with open(self._object_path(key), "rb") as f:
                 return f.read()
@@ -192,6 +148,7 @@ class DirectoryBackend(Backend):
             raise KeyError(key) from None
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        # docstring inherited
         now = time.time()
         todo: dict[Path, bytes] = {}
         for key, data in items:
@@ -212,6 +169,7 @@ class DirectoryBackend(Backend):
         return True
 
     def contains(self, key: bytes) -> bool:
+        # docstring inherited
         return self._object_path(key).is_file()
 
     def _folders(self, hex_prefix: str) -> list[str]:
@@ -233,12 +191,14 @@ class DirectoryBackend(Backend):
                     yield folder, entry
 
     def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
+        # docstring inherited
         for folder, entry in self._scan(hex_prefix):
             key = key_of(folder, entry.name)
             if key is not None:
                 yield key
 
     def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
+        # docstring inherited
         for folder, entry in self._scan():
             key = key_of(folder, entry.name)
             if key is None:
@@ -249,6 +209,7 @@ class DirectoryBackend(Backend):
                 continue  # deleted while we listed
 
     def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
+        # docstring inherited
         n = 0
         for key in keys:
             path = self._object_path(key)
@@ -283,9 +244,11 @@ class DirectoryBackend(Backend):
         return name
 
     def ref_get(self, name: str) -> bytes | None:
+        # docstring inherited
         return self._read_state(encode_ref_name(name)).value
 
     def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+        # docstring inherited
         encoded = encode_ref_name(name)
         with self._locked(name, encoded):
             state = self._read_state(encoded)
@@ -363,7 +326,7 @@ class DirectoryBackend(Backend):
         if len(holder) >= 2 and holder[1] == self._host and holder[0].isdigit():
             # a dead pid on this host cannot hold the lock; the short grace guards against
             # a holder in another pid namespace that shares our host name
-            if _pid_alive(int(holder[0])) or age < DEAD_HOLDER_GRACE:
+            if pid_alive(int(holder[0])) or age < DEAD_HOLDER_GRACE:
                 return False
         elif age < LOCK_STALE_AFTER:
             return False  # holder unknown (another host, or died before writing its pid)
@@ -392,12 +355,14 @@ class DirectoryBackend(Backend):
         return out
 
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        # docstring inherited
         for name, encoded in self._ref_files(prefix):
             value = self._read_state(encoded).value
             if value is not None:
                 yield name, value
 
     def ref_log(self, name: str) -> list[bytes]:
+        # docstring inherited
         encoded = encode_ref_name(name)
         # the ref file first: it says how much of the log is committed
         end = self._read_state(encoded).log_end
@@ -412,9 +377,11 @@ class DirectoryBackend(Backend):
         return parse_log(data, end)
 
     def ref_log_names(self) -> Iterator[str]:
+        # docstring inherited
         for name, encoded in self._ref_files():
             if self._read_state(encoded).log_end > 0:
                 yield name
 
     def close(self) -> None:
+        # docstring inherited
         self._writer.close()

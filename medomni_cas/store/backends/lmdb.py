@@ -8,9 +8,13 @@ benchmarks_perf/RESULTS.md). The LMDB entry of a large object is a marker, writt
 its file is durable, so a crash leaves at most an orphan file that gc removes.
 
 Every object value starts with a 9-byte header: a flag (0 inline, 1 in a file) and the
-write time in ms, little-endian. Several processes may open one environment at once: LMDB
-serialises writers with its lock file; the map grows by doubling when full, and a process
-that finds the map grown by another adopts the new size.
+write time in ms, little-endian.
+
+Sharing. Several processes may open one environment at once: LMDB serialises writers with
+its lock file; the map grows by doubling when full, and a process that finds the map
+grown by another adopts the new size. Within one process, every backend on a path shares
+one environment (`_lmdbenv`), so that a path can be opened again while it is open (a
+notebook re-run, a view over the workspace's store); closing the last one closes it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from typing import TypeVar
 import lmdb
 
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend
-from medomni_cas.store.backends._files import TMP_PREFIX, FileWriter
+from medomni_cas.store.backends._layout import key_of, object_path
+from medomni_cas.store.backends._lmdbenv import acquire
+from medomni_cas.store.files import TMP_PREFIX, FileWriter
 
 __all__ = ["LARGE_OBJECT", "LMDBBackend"]
 
@@ -47,6 +53,8 @@ def _now_ms() -> int:
 
 
 class LMDBBackend(Backend):
+    """Objects and refs in an LMDB environment, large objects in files (``lmdb://PATH``)."""
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -59,32 +67,26 @@ class LMDBBackend(Backend):
         self.url = url or f"lmdb://{self.path}"
         self.durable = durable
         self._writer = FileWriter(durable=durable)
-        self.path.mkdir(parents=True, exist_ok=True)
         self._large = self.path / "large"
-        existing = self.path / "data.mdb"
-        if existing.exists():
-            map_size = max(map_size, existing.stat().st_size * 2)
-        self.env = lmdb.open(
-            str(self.path),
-            map_size=map_size,
-            max_dbs=8,
-            sync=durable,
-            metasync=durable,
-            readahead=False,
-            max_readers=512,
-        )
-        self._objects = self.env.open_db(b"objects")
-        self._refs = self.env.open_db(b"refs")
-        self._reflog = self.env.open_db(b"reflog")
+        # shared with every other backend of this process on the same path (`_lmdbenv`)
+        self._shared = acquire(self.path, durable=durable, map_size=map_size)
+        self._flush = durable and not self._shared.durable
+        self.env = self._shared.env
+        self._objects = self._shared.objects
+        self._refs = self._shared.refs
+        self._reflog = self._shared.reflog
+        self._closed = False
 
     @classmethod
     def from_url(cls, url: str) -> LMDBBackend:
+        # docstring inherited
         path = url.removeprefix("lmdb://")
         if not path:
             raise ValueError("lmdb:// URL needs a path, e.g. lmdb://./.medomni/store")
         return cls(path, url=url)
 
     def reader_url(self) -> str:
+        # docstring inherited
         # LMDB is made for readers in several processes; absolute: a helper's cwd may differ
         return f"lmdb://{self.path.resolve()}"
 
@@ -93,7 +95,11 @@ class LMDBBackend(Backend):
         for _ in range(64):
             try:
                 with self.env.begin(write=True) as txn:
-                    return fn(txn)
+                    result = fn(txn)
+                if self._flush:
+                    # the environment was opened without sync by a less careful holder
+                    self.env.sync(True)
+                return result
             except lmdb.MapFullError:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except lmdb.MapResizedError:
@@ -109,16 +115,16 @@ class LMDBBackend(Backend):
         raise RuntimeError(f"{self.url}: LMDB map keeps being resized by another process")
 
     def _file(self, key: bytes) -> Path:
-        h = key.hex()
-        return self._large / h[:2] / h[2:]
+        folder, name = object_path(key)
+        return self._large / folder / name
 
     def _write_files(self, items: list[tuple[bytes, bytes]]) -> None:
         """Write large objects to their files, durably, before any marker is committed."""
         self._writer.write((self._file(key), data) for key, data in items)
 
     # -- objects -------------------------------------------------------------------------------
-    # docstring inherited
     def get(self, key: bytes) -> bytes:
+        # docstring inherited
         with self._read() as txn:
             value = txn.get(key, db=self._objects)
             if value is None:
@@ -131,6 +137,7 @@ class LMDBBackend(Backend):
             raise KeyError(key) from None
 
     def get_many(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
+        # docstring inherited
         keys = list(keys)
         out: list[tuple[bytes, bytes | None]] = []
         large: list[int] = []
@@ -153,6 +160,7 @@ class LMDBBackend(Backend):
         return iter(out)
 
     def get_list(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        # docstring inherited
         # one C-level pass per step (get, flag check, header cut) instead of a Python loop
         # per key: a walk's reads cost about what raw txn.get costs
         with self._read(self._objects, buffers=False) as txn:
@@ -174,6 +182,7 @@ class LMDBBackend(Backend):
             return None
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        # docstring inherited
         items = list(items)
         if not items:
             return 0
@@ -205,10 +214,12 @@ class LMDBBackend(Backend):
                 cur.put(key, _HDR.pack(flag, now) + value[_HDR.size :])
 
     def contains(self, key: bytes) -> bool:
+        # docstring inherited
         with self._read() as txn:
             return txn.get(key, db=self._objects) is not None
 
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
+        # docstring inherited
         with self._read() as txn:
             get = txn.get
             db = self._objects
@@ -217,6 +228,7 @@ class LMDBBackend(Backend):
     # Listings are materialised so that no read transaction stays open while the caller
     # writes (gc deletes while it walks).
     def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
+        # docstring inherited
         start = bytes.fromhex(hex_prefix[: len(hex_prefix) // 2 * 2])
         out = []
         with self._read() as txn:
@@ -231,6 +243,7 @@ class LMDBBackend(Backend):
         return iter(out)
 
     def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
+        # docstring inherited
         with self._read() as txn:
             out = [
                 (bytes(key), _HDR.unpack_from(value)[1] / 1000.0)
@@ -239,6 +252,7 @@ class LMDBBackend(Backend):
         return iter(out)
 
     def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
+        # docstring inherited
         keys = list(keys)
         limit = None if older_than is None else older_than * 1000.0
 
@@ -275,10 +289,9 @@ class LMDBBackend(Backend):
                 if f.name.startswith(TMP_PREFIX):
                     candidates.append((f, None))
                 else:
-                    try:
-                        candidates.append((f, bytes.fromhex(sub.name + f.name)))
-                    except ValueError:
-                        continue
+                    key = key_of(sub.name, f.name)
+                    if key is not None:
+                        candidates.append((f, key))
         absent = set(self.missing(k for _, k in candidates if k is not None))
         n = 0
         for f, key in candidates:
@@ -294,11 +307,13 @@ class LMDBBackend(Backend):
 
     # -- refs ----------------------------------------------------------------------------------
     def ref_get(self, name: str) -> bytes | None:
+        # docstring inherited
         with self._read() as txn:
             value = txn.get(name.encode(), db=self._refs)
             return None if value is None else bytes(value)
 
     def ref_get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        # docstring inherited
         keys = list(map(str.encode, names))
         # one read transaction; values as bytes, not buffers: for 32-byte values a buffer
         # costs more than the copy it saves
@@ -306,6 +321,7 @@ class LMDBBackend(Backend):
             return list(map(txn.get, keys))
 
     def ref_get_prefixed(self, prefix: str, ids: Sequence[bytes]) -> list[bytes | None]:
+        # docstring inherited
         # the keys made as bytes from the ids (no str names to make and encode); one read
         # transaction, values as bytes (see ref_get_many)
         keys = list(map(prefix.encode().__add__, map(hexlify, ids)))
@@ -313,6 +329,7 @@ class LMDBBackend(Backend):
             return list(map(txn.get, keys))
 
     def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+        # docstring inherited
         key = name.encode()
 
         def update(txn: lmdb.Transaction) -> bool:
@@ -343,6 +360,7 @@ class LMDBBackend(Backend):
         return 0
 
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        # docstring inherited
         start = prefix.encode()
         with self._read() as txn:
             cur = txn.cursor(self._refs)
@@ -356,6 +374,7 @@ class LMDBBackend(Backend):
         return iter(out)
 
     def ref_log(self, name: str) -> list[bytes]:
+        # docstring inherited
         head = name.encode() + b"\x00"
         out = []
         with self._read() as txn:
@@ -370,6 +389,7 @@ class LMDBBackend(Backend):
         return out
 
     def ref_log_names(self) -> Iterator[str]:
+        # docstring inherited
         names: list[str] = []
         with self._read() as txn:
             for key in txn.cursor(self._reflog).iternext(keys=True, values=False):
@@ -379,5 +399,9 @@ class LMDBBackend(Backend):
         return iter(names)
 
     def close(self) -> None:
+        # docstring inherited
+        if self._closed:
+            return
+        self._closed = True
         self._writer.close()
-        self.env.close()
+        self._shared.release()

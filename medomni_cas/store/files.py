@@ -1,8 +1,15 @@
-"""Writing files whole or not at all, and durably in batches: shared by the file backends.
+"""Writing local files whole or not at all, and durably in batches.
 
-A batch is written to temp files first, then fsynced together from a few threads (fsync
-releases the GIL, and the disk can flush many files in one go instead of one flush per file),
-then renamed into place, and finally the folders are fsynced so the renames survive a crash.
+Used by the file backends (``file://``, the large objects of ``lmdb://``) and by whatever
+else writes files a reader must never see half written (bench's run folders).
+
+A single file (`atomic_write`) goes to a temp file in the same folder and is renamed into
+place.
+
+A batch (`FileWriter`) is written to temp files first, then fsynced together from a few
+threads (fsync releases the GIL, and the disk can flush many files in one go instead of one
+flush per file), then renamed into place, and finally the folders are fsynced so the renames
+survive a crash.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ _GROUP = 256
 
 
 def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries, so that renames into it survive a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -69,6 +77,7 @@ class FileWriter:
         self._pool: ThreadPoolExecutor | None = None
 
     def write(self, items: Iterable[tuple[Path, bytes | memoryview]]) -> None:
+        """Write each ``(target, bytes)``: every file whole, or none of a failed group."""
         items = list(items)
         for i in range(0, len(items), _GROUP):
             self._write_group(items[i : i + _GROUP])
@@ -99,6 +108,7 @@ class FileWriter:
             raise
 
     def close(self) -> None:
+        """Stop the fsync threads (started again by the next durable write)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
