@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml adapters/harbor/pyproject.toml
 	@test -x $(PY) || $$(bash .ci/find-python) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m pip install -q -e examples/plugin-arm
 	$(PY) -m pip install -q -e adapters/harbor
 	@touch $(STAMP)

@@ -24,7 +24,7 @@ from medomni_cas.store.url import open_store as open
 if TYPE_CHECKING:
     from medomni_cas.notebook import open_workspace
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (tool.hatch.version)
 
 __all__ = [
     "AmbiguousId",

@@ -1,5 +1,5 @@
 """The harness end to end on real processes: checks, runs, resume, retries, claims, replay,
-run folders, scoring. Agents are real subprocesses (examples/baseline_agent.py and small
+run folders, scoring. Agents are real subprocesses (medomni_cas/bench/baseline.py and small
 inline ones); the store is a real LMDB."""
 
 from __future__ import annotations
@@ -377,7 +377,7 @@ def test_a_served_model_that_differs_is_an_error_of_the_run(
             "import os,json,runpy; "
             "json.dump({'served_model': 'model-b', 'tokens_in': 5}, "
             "open(os.environ['MEDOMNI_RUN_INFO'],'w')); "
-            "runpy.run_module('examples.baseline_agent', run_name='__main__')",
+            "runpy.run_module('medomni_cas.bench.baseline', run_name='__main__')",
         ],
     )
     _run(store, tree, agent, tmp_path, arms=["no-perception"])

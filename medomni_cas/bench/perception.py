@@ -27,7 +27,9 @@ Endpoints::
                         413 body too large, 422 the encoder cannot use the input,
                         429 budget spent, 500 the encoder failed
 
-Run it as a sidecar with ``python -m medomni_cas.bench.perception --evidence DIR ...``.
+Run it as a sidecar with ``python -m medomni_cas.bench.perception --evidence DIR ...``. The
+web stack (starlette, uvicorn) is the ``bench`` extra: this module imports without it, and
+making a gateway without it says what to install.
 """
 
 from __future__ import annotations
@@ -42,17 +44,17 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import blake3
 import msgspec
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
+from medomni_cas._extras import require
 from medomni_cas.bench.encoders import Encoder, EncoderError, canonical_json, encoders, input_names
+
+if TYPE_CHECKING:  # the web stack is the `bench` extra: imported when a gateway is made
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
 
 __all__ = [
     "DEFAULT_PORT",
@@ -164,6 +166,10 @@ class Gateway:
         # A snapshot of exactly what may be served: later writes to the folder never are.
         wanted = {n for s in self._served.values() for ns in s.inputs.values() for n in ns}
         self._files = {n: (Path(evidence_dir) / n).read_bytes() for n in sorted(wanted)}
+        _web()
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
         self.app = Starlette(
             routes=[
                 Route("/", self._index, methods=["GET"]),
@@ -202,8 +208,10 @@ class Gateway:
             for n, s in self._served.items()
         ]
 
-    # -- endpoints --------------------------------------------------------------------------
+    # -- endpoints (starlette is imported in each, not by the module: the `bench` extra) -----
     async def _index(self, request: Request) -> JSONResponse:
+        from starlette.responses import JSONResponse
+
         return JSONResponse(
             {
                 "service": "MedOmni perception gateway",
@@ -217,14 +225,21 @@ class Gateway:
         )
 
     async def _health(self, request: Request) -> JSONResponse:
+        from starlette.responses import JSONResponse
+
         return JSONResponse({"ok": True})
 
     async def _list(self, request: Request) -> JSONResponse:
         # a plain list, as agents read it; the budget travels in headers
         headers = {"x-calls-left": str(self.calls_left), "x-budget": str(self.budget)}
+        from starlette.responses import JSONResponse
+
         return JSONResponse(self.listing(), headers=headers)
 
     async def _encode(self, request: Request) -> JSONResponse:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
         started, t0 = datetime.now(UTC).isoformat(timespec="milliseconds"), time.perf_counter()
         with self._lock:
             self._seq += 1
@@ -421,6 +436,12 @@ def meets_arm(arm_encoders: str, calls: Sequence[EncoderCall]) -> tuple[bool, st
 
 
 # -- serving ------------------------------------------------------------------------------------
+def _web() -> Any:
+    """The web stack (starlette, uvicorn: the `bench` extra); uvicorn's module, to serve."""
+    require("starlette", "bench", "the perception gateway")
+    return require("uvicorn", "bench", "the perception gateway")
+
+
 @contextlib.contextmanager
 def serve(
     gateway: Gateway, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout: float = 10.0
@@ -430,7 +451,7 @@ def serve(
     It yields once the server answers ``/health``; port 0 picks a free port, and the URL
     names the one bound. Leaving the block stops the server.
     """
-    import uvicorn
+    uvicorn = _web()
 
     config = uvicorn.Config(
         gateway.app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
@@ -501,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_path=args.log,
         family_of=family_of,
     )
-    import uvicorn
+    uvicorn = _web()
 
     served = ", ".join(f"{e['name']} ({'/'.join(e['families'])})" for e in gateway.listing())
     print(

@@ -50,7 +50,7 @@ def _command(job: Job) -> list[str]:
     if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd):
         raise RunnerError(
             f"agent config {job.agent.name}: the process runner needs settings.command, a "
-            "list of strings such as [python, -m, examples.baseline_agent]"
+            "list of strings such as [python, -m, medomni_cas.bench.baseline]"
         )
     # "python" means this interpreter, so the agent sees the same installed packages
     return [sys.executable if cmd[0] in ("python", "python3") else cmd[0], *cmd[1:]]

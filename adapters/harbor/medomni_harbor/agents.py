@@ -4,7 +4,7 @@ Harbor's agents run on the host and act on the container through the environment
 uploads, downloads); so do these, and only through it:
 
 * `CommandAgent` runs an agent *command* (an agent config's ``settings.command``, such as
-  ``python -m examples.baseline_agent``) on the host, against a copy of the container's
+  ``python -m medomni_cas.bench.baseline``) on the host, against a copy of the container's
   ``/workspace`` downloaded at the start, with the same environment variables the process
   runner gives (``MEDOMNI_WORKSPACE``, ``MEDOMNI_SUBMISSION``, ``MEDOMNI_RUN_INFO``...). When the
   task attaches the perception service, ``MEDOMNI_PERCEPTION_URL`` is a loopback relay that

@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-import toml
+import tomli_w
 
 from medomni_cas.bench.runners import Job, TrialSpec
 from medomni_cas.bench.staging import WORKSPACE, stage_atom
@@ -125,7 +125,7 @@ def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool) -> str:
             "env": variables,
         },
     }
-    return toml.dumps(doc)
+    return tomli_w.dumps(doc)
 
 
 def solve_script(submission: str, answer: dict[str, object]) -> str:

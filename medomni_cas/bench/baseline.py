@@ -1,9 +1,14 @@
-"""A deterministic baseline agent: reads the staged files and answers with no model.
+"""The deterministic baseline agent: reads the staged files and answers with no model.
 
-Run by the process runner (``bench/agents/baseline.yaml``); it reads what every agent gets
-(``answer_schema.json`` and the evidence files in its working folder) and writes one
-prediction per target to ``$MEDOMNI_SUBMISSION``. Its rules are simple on purpose, so that
-scores measure the harness, not the agent:
+Run by the process runner as ``python -m medomni_cas.bench.baseline`` (the example's
+``bench/agents/baseline.yaml``). It ships with the library rather than in ``examples/`` so
+that it runs from any install: an agent config's command is part of its id (run slots hash
+it), so it cannot name a file by a path that differs from one machine or folder to the next,
+and the agent runs in a scratch folder where ``examples`` is not importable.
+
+It reads what every agent gets (``answer_schema.json`` and the evidence files in its working
+folder) and writes one prediction per target to ``$MEDOMNI_SUBMISSION``. Its rules are
+simple on purpose, so that scores measure the harness, not the agent:
 
 * a numeric target: the last value of the lab it names (HbA1c for ``hba1c_next``), else the
   median of that lab in the record, else 6.0;
@@ -11,6 +16,8 @@ scores measure the harness, not the agent:
   and, when the perception service is there, from the ECG's T wave (the ``ecg-summary``
   encoder): a tall T wave suggests G4/G5;
 * any other class target: its first class.
+
+An agent of your own is any command (``settings.command``); see `medomni_cas.bench.process`.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+__all__ = ["main"]
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
