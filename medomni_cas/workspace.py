@@ -62,11 +62,14 @@ _LOCAL_SCHEMES = ("lmdb://", "file://")
 class WorkspaceFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The settings of a ``workspace.yaml``; every key is optional.
 
-    store: the store's URL (default ``lmdb://./.medomni/store``).
+    store: the store's URL (default ``lmdb://./.medomni/store``, in the workspace folder).
     studio: the Studio folder, holding ``datasets/`` (default ``studio``).
     bench: the Bench folder, holding ``benchmarks/`` and ``agents/`` (default ``bench``).
     runs: where run folders are written (default ``runs``).
-    remotes: name -> store URL, for ``medomni cas push/pull`` (default ``origin``).
+    remotes: name -> store URL, for ``medomni cas push/pull``; with no name given they use
+    ``origin``, or the only remote.
+
+    Folders and local (``lmdb://``, ``file://``) paths are relative to the workspace folder.
 
     forbid_unknown_fields: a misspelt key is an error naming it, not an ignored line.
     """
@@ -186,9 +189,16 @@ class Workspace:
             raise self._error("remotes", f"no remote named {name!r} (known: {known})")
         return remotes[name]
 
-    def open_store(self, **options: object) -> Store:
-        """Open the workspace's store (`medomni_cas.store.url.open_store` options)."""
-        return open_url(self.store_url, **options)  # type: ignore[arg-type]
+    def open_store(
+        self,
+        *,
+        single_writer: bool = False,
+        create: bool = True,
+        cache: bool | str | None = None,
+    ) -> Store:
+        """Open the workspace's store; the caller closes it (`medomni_cas.store.url.open_store`
+        for the options)."""
+        return open_url(self.store_url, single_writer=single_writer, create=create, cache=cache)
 
     # -- writing ---------------------------------------------------------------------------
     def check_store(self, url: str) -> None:

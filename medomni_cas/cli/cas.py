@@ -5,9 +5,15 @@ functions and prints their result as text or, with ``--json``, as JSON on stdout
 in full; anywhere an id is read, a unique prefix of at least 8 hex characters or a ref name
 will do.
 
-``push`` / ``pull`` name a remote from the workspace's ``remotes:`` (default ``origin``,
-or the only one) or take a store URL; ``clone URL DEST`` makes a new store. Transfers
-draw a progress line on stderr when it is a terminal.
+Output that scales: ``refs`` lists a namespace of up to `LISTED_PER_NAMESPACE` refs and
+shows a bigger one (``runs/slots/``) as one counted line; ``push``/``pull``/``clone`` count
+refs by outcome and list only the refs that failed. ``-v`` prints every line, ``--json``
+always gives everything.
+
+``push`` / ``pull`` (`medomni_cas._porcelain_sync`) name a remote from the workspace's
+``remotes:`` (default ``origin``, or the only one) or take a store URL; ``clone URL DEST``
+makes a new store. Transfers draw a progress line on stderr when it is a terminal. The
+workspace file is read and written through `medomni_cas.workspace` only.
 """
 
 from __future__ import annotations
