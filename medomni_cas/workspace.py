@@ -220,41 +220,33 @@ class Workspace:
         Refused if it names another store; a no-op if it names this one."""
         self.check_store(url)
         if self.settings.store is None:
-            self._append({"store": url})
+            self._put("store", url)
         return Workspace.load(self.root)
 
     def add_remote(self, name: str, url: str) -> Workspace:
         """Record the remote ``name: url``; the file read again. Refused if ``name`` is
         another URL's; a no-op if it is this one."""
         self.check_remote(name, url)
-        if name in self.settings.remotes:
-            return self
-        if not self.settings.remotes and not self._has_key("remotes"):
-            self._append({"remotes": {name: url}})
-        else:
-            # an existing (maybe empty or flow-style) mapping: write the file again, which
-            # loses its comments; appending a block below it is only safe for a new key
-            self._rewrite("remotes", {**self.settings.remotes, name: url})
+        if name not in self.settings.remotes:
+            self._put("remotes", {**self.settings.remotes, name: url})
         return Workspace.load(self.root)
 
-    def _has_key(self, key: str) -> bool:
-        root = None if self._doc is None else self._doc.root
-        return root is not None and any(k.value == key for k, _ in getattr(root, "value", ()))
-
-    def _append(self, data: dict[str, object]) -> None:
+    def _put(self, key: str, value: object) -> None:
+        """Set a top-level key: a new one is appended, so the user's comments and layout
+        survive; an existing one (``store: null``, ``remotes: {}``, a mapping to extend)
+        means writing the file again, which loses its comments."""
         import yaml
 
         text = self.path.read_text(encoding="utf-8") if self.path.exists() else ""
-        # append rather than re-dump, so the user's comments and layout survive
-        sep = "" if not text or text.endswith("\n") else "\n"
-        self.path.write_text(text + sep + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-
-    def _rewrite(self, key: str, value: object) -> None:
-        import yaml
-
-        data = yaml.safe_load(self.path.read_text(encoding="utf-8"))  # checked by load
-        data[key] = value
-        self.path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        root = None if self._doc is None else self._doc.root
+        if root is None or all(k.value != key for k, _ in root.value):
+            sep = "" if not text or text.endswith("\n") else "\n"
+            text += sep + yaml.safe_dump({key: value}, sort_keys=False)
+        else:
+            data = yaml.safe_load(text)  # a mapping: load checked it
+            data[key] = value
+            text = yaml.safe_dump(data, sort_keys=False)
+        self.path.write_text(text, encoding="utf-8")
 
     def _same(self, a: str, b: str) -> bool:
         return a == b or _resolve(self.root, a) == _resolve(self.root, b)

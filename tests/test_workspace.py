@@ -205,3 +205,10 @@ def test_add_remote_keeps_comments_and_refuses_another_url(tmp_path: Path) -> No
     ws = ws.add_remote("backup", "file://far")  # into the existing mapping
     assert ws.settings.remotes == {"origin": "s3://b/p", "backup": "file://far"}
     assert ws.settings.store == "lmdb://st"
+
+
+def test_writing_a_key_that_is_there_but_empty(tmp_path: Path) -> None:
+    write(tmp_path, "store: null\nremotes: {}\n")
+    ws = Workspace.load(tmp_path).set_store("lmdb://st").add_remote("origin", "s3://b/p")
+    assert ws.settings == WorkspaceFile(store="lmdb://st", remotes={"origin": "s3://b/p"})
+    assert (tmp_path / "workspace.yaml").read_text().count("store:") == 1
