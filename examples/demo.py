@@ -1,10 +1,15 @@
-"""`make demo`: MedOmni's main job on the embedded default store (./.medomni/store).
+"""`make demo`: MedOmni's main job in the example workspace (the repository's workspace.yaml).
 
-1. generates the example dataset (`examples.synth`, seeded) if it is not there yet;
+The workspace names the store (``lmdb://.medomni/store``), the Studio and Bench folders
+(``examples/studio``, ``examples/bench``) and the runs folder (``runs``), so after the demo
+the README's commands work from the repository's root with no flags. The demo:
+
+1. generates the example dataset (`examples.synth`, 200 patients, seed 0) into
+   ``examples/studio/datasets/synth-ehr/data`` if it is not there yet;
 2. builds the task set medomni-bench/v1 under all four arms;
 3. runs the deterministic baseline agent (examples/baseline_agent.py) with the process
    runner, the perception gateway attached on the encoder arms;
-4. scores the runs and prints the results table;
+4. scores the runs, writes ``results/medomni-bench.v1/`` and prints the results table;
 5. prints the audit summary of the result and re-hashes its whole closure.
 
 Running it again resumes: every slot already has a run, so nothing runs again, and the
@@ -16,20 +21,22 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import medomni_cas as mc
 from examples import synth
 from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.scorer import jobs_of, score_jobs, write_results
 from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.tasksets import build_set
+from medomni_cas.workspace import Workspace
 
-HERE = Path(__file__).resolve().parent
-STUDIO, BENCH = HERE / "studio", HERE / "bench"
-DATA = STUDIO / "datasets/synth-ehr/data"
+if TYPE_CHECKING:
+    from medomni_cas.store.store import Store
+
+#: The example workspace: the repository's root, whatever the current directory.
+WORKSPACE = Path(__file__).resolve().parent.parent
 SET = "medomni-bench/v1"
-WORK = Path(".medomni")
 
 
 def _say(step: str, text: str) -> None:
@@ -37,16 +44,21 @@ def _say(step: str, text: str) -> None:
 
 
 def main() -> int:
-    if not (DATA / "patients.parquet").is_file() or not (DATA / synth.ARRAYS).is_dir():
-        synth.generate(DATA, patients=200, seed=0)
-        _say("data", f"generated 200 synthetic patients in {DATA}")
+    ws = Workspace.load(WORKSPACE)
+    data = ws.studio / "datasets/synth-ehr/data"
+    if not (data / "patients.parquet").is_file() or not (data / synth.ARRAYS).is_dir():
+        synth.generate(data, patients=200, seed=0)
+        _say("data", f"generated 200 synthetic patients in {data}")
     else:
-        _say("data", f"using {DATA}")
-    store = mc.open()
-    _say("store", store.url)
+        _say("data", f"using {data}")
+    with ws.open_store() as store:
+        _say("store", store.url)
+        return _demo(ws, store)
 
+
+def _demo(ws: Workspace, store: Store) -> int:
     t = time.monotonic()
-    built = build_set(store, SET, studio=STUDIO, bench=BENCH)
+    built = build_set(store, SET, studio=ws.studio, bench=ws.bench)
     fresh = sum(not b.cached for b in built.builds)
     _say(
         "build",
@@ -54,9 +66,9 @@ def main() -> int:
         f"{time.monotonic() - t:.1f} s; task set hash {built.task_set.hex()[:16]}",
     )
 
-    agent = find_agent(BENCH, "baseline")
+    agent = find_agent(ws.bench, "baseline")
     t = time.monotonic()
-    report = run_set(store, SET, agent, runs_dir=WORK / "runs", studio=STUDIO)
+    report = run_set(store, SET, agent, runs_dir=ws.runs, studio=ws.studio)
     for j in report.jobs:
         _say("run", f"{j.name}: {j.ran} run, {j.skipped} already done")
     _say(
@@ -66,7 +78,7 @@ def main() -> int:
     )
 
     scored = score_jobs(store, jobs_of(store, built.task_set), n_boot=1000, set_name=SET)
-    files = write_results(scored, WORK / "results")
+    files = write_results(scored, ws.root / "results" / SET.replace("/", "."))
     print()
     print(f"{'arm':<22} {'pair':<30} {'metric':<9} {'value':>7}  95% CI")
     for r in scored.record.rows:

@@ -19,7 +19,7 @@ from medomni_cas.errors import (
     UnsupportedOperation,
 )
 from medomni_cas.store import ChunkedBlob, ObjectId, Record, RefLogEntry, Store, Tree, UnknownObject
-from medomni_cas.store.url import open_store as open
+from medomni_cas.workspace import open_store as open
 
 if TYPE_CHECKING:
     from medomni_cas.notebook import open_workspace

@@ -69,7 +69,7 @@ def test_default_store_is_dot_medomni(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "f").write_bytes(b"data")
     code, out, _ = run(capsys, "cas", "init")
-    assert code == 0 and out.strip() == "lmdb://./.medomni/store"
+    assert code == 0 and out.strip() == f"lmdb://{tmp_path.resolve()}/.medomni/store"
     oid = put(capsys, "lmdb://./.medomni/store", "f")
     assert (tmp_path / ".medomni" / "store" / "data.mdb").is_file()
     code, out, _ = run(capsys, "cas", "resolve", oid[:12])  # no --store: the same default
@@ -109,11 +109,10 @@ def test_init_workspace_keeps_existing_content(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "workspace.yaml").write_text("# a comment\nname: demo")
+    (tmp_path / "workspace.yaml").write_text("# a comment\nstudio: mine  # here")
     assert run(capsys, "cas", "init", "--workspace")[0] == 0
     text = (tmp_path / "workspace.yaml").read_text()
-    assert text.startswith("# a comment\nname: demo\n")
-    assert "store: lmdb://./.medomni/store" in text
+    assert text == "# a comment\nstudio: mine  # here\nstore: lmdb://./.medomni/store\n"
 
 
 # -- put, cat, show, resolve ---------------------------------------------------------------------

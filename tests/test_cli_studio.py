@@ -181,8 +181,8 @@ def test_a_broken_workspace_file_is_named(
     monkeypatch.chdir(tmp_path)
     for argv in (["cas", "refs"], ["studio", "taskset", "show", "medomni-bench/v1"]):
         code, _, err = run(capsys, *argv)
-        assert code == 2 and "workspace.yaml: not valid YAML" in err
+        assert code == 2 and "workspace.yaml:2: YAML syntax" in err
     (tmp_path / "workspace.yaml").write_text("stroe: lmdb://x\n")
     code, _, err = run(capsys, "studio", "taskset", "show", "medomni-bench/v1")
-    assert code == 2 and "unknown setting 'stroe'" in err
+    assert code == 2 and "workspace.yaml:1: stroe: unknown field 'stroe'" in err
     assert not (tmp_path / ".medomni").exists()

@@ -29,8 +29,8 @@ from medomni_cas.store.backends.fsspec import CorruptPack, FsspecBackend
 from medomni_cas.store.blobs import blob_object
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.sync import RefRejected, SyncProgress
-from medomni_cas.store.url import remote_url, workspace_remotes
 from medomni_cas.store.verify import fsck
+from medomni_cas.workspace import Workspace
 from tests.test_backends import BUCKET, s3_endpoint  # noqa: F401 - a fixture
 
 Counter = collections.Counter[str]
@@ -552,21 +552,6 @@ def test_cached_store_reads_through_and_publishes_on_ref_update(
 
 
 # -- workspace remotes and the CLI -------------------------------------------------------------
-def test_workspace_remotes(tmp_path: Path) -> None:
-    (tmp_path / "workspace.yaml").write_text(
-        "store: lmdb://./st\nremotes:\n  origin: lmdb://./far\n  s3: s3://b/p\n"
-    )
-    assert workspace_remotes(tmp_path) == {
-        "origin": f"lmdb://{tmp_path.resolve()}/far",
-        "s3": "s3://b/p",
-    }
-    assert remote_url(None, tmp_path) == f"lmdb://{tmp_path.resolve()}/far"
-    assert remote_url("s3", tmp_path) == "s3://b/p"
-    assert remote_url("memory://", tmp_path) == "memory://"
-    with pytest.raises(ValueError, match=r"no remote named 'nope' \(known: origin, s3\)"):
-        remote_url("nope", tmp_path)
-
-
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -592,7 +577,10 @@ def test_cli_push_pull_clone(
     root = json.loads(out)["id"]
     code, out, err = cli(capsys, "cas", "push")
     assert code == 0, err
-    assert out.startswith(f"push to {remote}: 2 objects") and "created   main" in out
+    assert out.splitlines() == [
+        f"push to {remote}: 2 objects (0.0 MB), 2 ids checked",
+        "refs: 1 created",
+    ]
     code, out, _ = cli(capsys, "cas", "push", "origin", "main", "--json")
     report = json.loads(out)
     assert report["objects"] == 0 and report["refs"][0]["status"] == "unchanged"
@@ -601,7 +589,7 @@ def test_cli_push_pull_clone(
     code, out, err = cli(capsys, "cas", "clone", remote, "lmdb://./st", "--workspace", "--json")
     assert code == 0, err
     assert json.loads(out)["refs"] == [{"name": "main", "status": "created", "new": root}]
-    assert workspace_remotes(two) == {"origin": remote}
+    assert Workspace.load(two).remotes == {"origin": remote}
     (two / "more").write_text("more")
     code, out, err = cli(capsys, "cas", "put", "more", "--json")
     more = json.loads(out)["id"]
@@ -642,3 +630,55 @@ def test_cli_progress_line_only_on_a_terminal(
     quiet(SyncProgress(1, 1, 1))
     quiet.close()
     assert capsys.readouterr().err == ""
+
+
+# -- porcelain push / pull ----------------------------------------------------------------------
+def test_porcelain_push_and_pull_by_remote_name(tmp_path: Path) -> None:
+    from medomni_cas import _porcelain_sync as porcelain
+
+    (tmp_path / "workspace.yaml").write_text("remotes:\n  origin: file://far\n")
+    seen: list[SyncProgress] = []
+    with mc.open(f"lmdb://{tmp_path}/one") as one:
+        root = one.put_tree({"f": one.put_blob(b"hello")})
+        one.refs.set("main", root)
+        report = porcelain.push(one, refs=["main"], workspace=tmp_path, progress=seen.append)
+    assert report.dst == f"file://{tmp_path.resolve()}/far"  # relative to the workspace
+    assert (report.objects, [r.status for r in report.refs]) == (2, ["created"])
+    assert seen and seen[-1].sent == 2
+
+    with mc.open(f"lmdb://{tmp_path}/two") as two:
+        report = porcelain.pull(two, "origin", workspace=Workspace.load(tmp_path))
+        assert two.refs["main"] == root and report.objects == 2
+        with mc.open(report.src) as far:  # an open Store is used as it is, and left open
+            assert porcelain.pull(two, far).refs[0].status == "unchanged"
+            assert far.refs["main"] == root
+    with pytest.raises(ValueError, match="no remote named 'nope'"):
+        porcelain.push(mc.open("memory://"), "nope", workspace=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no store"):
+        porcelain.pull(mc.open("memory://"), f"file://{tmp_path}/nowhere")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_cli_push_summarises_refs_by_outcome(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "workspace.yaml").write_text("store: lmdb://st\nremotes:\n  origin: file://far\n")
+    with mc.open("lmdb://st") as store:
+        blob = store.put_blob(b"x")
+        for i in range(30):
+            store.refs.set(f"runs/slots/{i:03}", blob)
+    code, out, err = cli(capsys, "cas", "push")
+    assert code == 0, err
+    assert out.splitlines()[1:] == ["refs: 30 created"]
+    with mc.open("lmdb://st") as store:
+        store.refs.set("runs/slots/000", store.put_blob(b"y"))
+    code, out, err = cli(capsys, "cas", "push")  # one moved, 29 unchanged: two lines
+    assert out.splitlines()[1:] == ["refs: 1 updated, 29 unchanged"]
+    code, out, err = cli(capsys, "cas", "pull", "-v")
+    lines = out.splitlines()
+    assert lines[0].startswith(f"pull from file://{tmp_path.resolve()}/far: 0 objects")
+    assert lines[1] == "refs: 30 unchanged" and len(lines) == 32
+    assert lines[2].startswith("  unchanged runs/slots/000  ")
+    code, out, err = cli(capsys, "cas", "push", "--json")
+    assert len(json.loads(out)["refs"]) == 30

@@ -5,9 +5,15 @@ functions and prints their result as text or, with ``--json``, as JSON on stdout
 in full; anywhere an id is read, a unique prefix of at least 8 hex characters or a ref name
 will do.
 
-``push`` / ``pull`` name a remote from the workspace's ``remotes:`` (default ``origin``,
-or the only one) or take a store URL; ``clone URL DEST`` makes a new store. Transfers
-draw a progress line on stderr when it is a terminal.
+Output that scales: ``refs`` lists a namespace of up to `LISTED_PER_NAMESPACE` refs and
+shows a bigger one (``runs/slots/``) as one counted line; ``push``/``pull``/``clone`` count
+refs by outcome and list only the refs that failed. ``-v`` prints every line, ``--json``
+always gives everything.
+
+``push`` / ``pull`` (`medomni_cas._porcelain_sync`) name a remote from the workspace's
+``remotes:`` (default ``origin``, or the only one) or take a store URL; ``clone URL DEST``
+makes a new store. Transfers draw a progress line on stderr when it is a terminal. The
+workspace file is read and written through `medomni_cas.workspace` only.
 """
 
 from __future__ import annotations
@@ -15,13 +21,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 import medomni_cas as mc
+from medomni_cas import _porcelain_sync as porcelain
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -41,13 +47,7 @@ from medomni_cas.errors import ConflictError, InvalidName, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.refs import check_ref_name
-from medomni_cas.store.url import (
-    DEFAULT_REMOTE,
-    WORKSPACE_FILE,
-    default_store_url,
-    remote_url,
-    workspace_remotes,
-)
+from medomni_cas.workspace import DEFAULT_REMOTE, DEFAULT_STORE_URL, WORKSPACE_FILE, Workspace
 
 if TYPE_CHECKING:
     from medomni_cas.store.sync import SyncProgress, SyncReport
@@ -66,30 +66,15 @@ def _hex(oid: ObjectId | str | None) -> str:
 # -- verbs ---------------------------------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     """Create (or open) the store; with --workspace, record it in ./workspace.yaml."""
-    url = getattr(args, "store", None) or default_store_url()
-    with mc.open(url) as store:
+    ws = Workspace.load(".")
+    given = getattr(args, "store", None)
+    with mc.open(given or ws.store_url) as store:
         url = store.url
     if args.workspace:
-        _write_workspace(Path(WORKSPACE_FILE), url)
+        # the URL as the user wrote it (relative paths stay relative to the workspace)
+        ws.set_store(given or ws.settings.store or DEFAULT_STORE_URL)
     emit(args, {"url": url, "workspace": args.workspace}, url)
     return EXIT_OK
-
-
-def _write_workspace(path: Path, url: str) -> None:
-    if not path.exists():
-        path.write_text(yaml.safe_dump({"store": url}, sort_keys=False))
-        return
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    current = data.get("store")
-    if current is None:
-        # append rather than re-dump, so the user's comments and layout survive
-        text = path.read_text()
-        sep = "" if not text or text.endswith("\n") else "\n"
-        path.write_text(text + sep + yaml.safe_dump({"store": url}))
-    elif current != url:
-        raise ValueError(f"{path} already names store {current!r}; edit it to change stores")
 
 
 def cmd_put(args: argparse.Namespace) -> int:
@@ -164,11 +149,33 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: ``cas refs`` lists a namespace of at most this many refs; a bigger one is one line.
+LISTED_PER_NAMESPACE = 10
+
+
+def _namespace(prefix: str, name: str) -> str:
+    """The namespace of a ref below ``prefix``: at most two more folders (``runs/slots/``)."""
+    folders = name[len(prefix) :].split("/")[:-1][:2]
+    return prefix + "".join(f + "/" for f in folders)
+
+
 def cmd_refs(args: argparse.Namespace) -> int:
-    """List refs (under PREFIX): name -> id."""
+    """List refs (under PREFIX): name -> id; a big namespace is summarised unless -v."""
     with open_store(args) as store:
         refs = dict(store.refs.items(args.prefix))
-    emit(args, refs, [f"{oid.hex()} {name}" for name, oid in refs.items()])
+    counts = Counter(_namespace(args.prefix, name) for name in refs)
+    text: list[str] = []
+    shown: set[str] = set()
+    for name, oid in refs.items():
+        space = _namespace(args.prefix, name)
+        if args.verbose or counts[space] <= LISTED_PER_NAMESPACE:
+            text.append(f"{oid.hex()} {name}")
+        elif space not in shown:
+            shown.add(space)
+            text.append(f"{f'({counts[space]:,} refs)':>64} {space}...")
+    if shown:
+        text.append(f"{len(refs):,} refs; -v lists every one")
+    emit(args, refs, text)
     return EXIT_OK
 
 
@@ -358,12 +365,22 @@ def _short(value: str | None) -> str:
     return "-" if value is None else value[:12]
 
 
+#: How ``push``/``pull`` count refs by outcome, in this order; the failures are also listed.
+_OUTCOMES = ("created", "updated", "unchanged", "rejected", "conflict")
+_FAILED = ("rejected", "conflict")
+
+
 def _emit_sync(args: argparse.Namespace, report: SyncReport, what: str) -> None:
     lines = [
         f"{what}: {report.objects:,} objects ({report.bytes / 1e6:,.1f} MB), "
         f"{report.checked:,} ids checked"
     ]
+    counts = Counter(r.status for r in report.refs)
+    order = [*_OUTCOMES, *sorted(set(counts) - set(_OUTCOMES))]
+    lines.append("refs: " + (", ".join(f"{counts[s]:,} {s}" for s in order if counts[s]) or "none"))
     for r in report.refs:
+        if not (args.verbose or r.status in _FAILED):
+            continue
         change = _short(r.new) if r.old is None else f"{_short(r.old)} -> {_short(r.new)}"
         if r.status == "unchanged":
             change = _short(r.new)
@@ -373,8 +390,14 @@ def _emit_sync(args: argparse.Namespace, report: SyncReport, what: str) -> None:
     emit(args, to_builtins(report), lines)
 
 
-def _sync(args: argparse.Namespace, what: str, moved: str, run: Callable[[Any], SyncReport]) -> int:
-    progress = _ProgressLine(what.split(" ", 1)[0], moved)
+def _sync(
+    args: argparse.Namespace,
+    verb: str,
+    moved: str,
+    what: Callable[[SyncReport], str],
+    run: Callable[[Any], SyncReport],
+) -> int:
+    progress = _ProgressLine(verb, moved)
     try:
         try:
             report = run(progress)
@@ -384,38 +407,42 @@ def _sync(args: argparse.Namespace, what: str, moved: str, run: Callable[[Any], 
         # the other refs were done: show them, then the error names the one that failed
         partial = getattr(e, "report", None)
         if partial is not None and not json_mode(args):
-            _emit_sync(args, partial, what)
+            _emit_sync(args, partial, what(partial))
         raise
-    _emit_sync(args, report, what)
+    _emit_sync(args, report, what(report))
     return EXIT_OK
 
 
 def cmd_push(args: argparse.Namespace) -> int:
     """Send refs (default: all) and the objects they reach that the remote lacks."""
-    from medomni_cas.store.sync import push
-
-    url = remote_url(args.remote)
-    single = getattr(args, "single_writer", False)
-    with open_store(args) as local, mc.open(url, single_writer=single) as remote:
+    with open_store(args) as local:
         return _sync(
             args,
-            f"push to {remote.url}",
+            "push",
             "sent",
-            lambda cb: push(local, remote, args.refs or None, force=args.force, progress=cb),
+            lambda r: f"push to {r.dst}",
+            lambda cb: porcelain.push(
+                local,
+                args.remote,
+                args.refs or None,
+                force=args.force,
+                progress=cb,
+                single_writer=getattr(args, "single_writer", False),
+            ),
         )
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """Fetch refs (default: all) and the objects they reach that this store lacks."""
-    from medomni_cas.store.sync import pull
-
-    url = remote_url(args.remote)
-    with open_store(args, create=True) as local, mc.open(url, create=False) as remote:
+    with open_store(args, create=True) as local:
         return _sync(
             args,
-            f"pull from {remote.url}",
+            "pull",
             "fetched",
-            lambda cb: pull(local, remote, args.refs or None, force=args.force, progress=cb),
+            lambda r: f"pull from {r.src}",
+            lambda cb: porcelain.pull(
+                local, args.remote, args.refs or None, force=args.force, progress=cb
+            ),
         )
 
 
@@ -423,59 +450,48 @@ def cmd_clone(args: argparse.Namespace) -> int:
     """Copy a store (all its refs and what they reach) into a new store at DEST."""
     from medomni_cas.store.sync import clone
 
-    ws = Path(WORKSPACE_FILE)
+    ws = Workspace.load(".")
     if args.workspace:  # refuse before copying anything
-        _check_workspace_store(ws, args.dest)
-        _check_workspace_remote(ws, DEFAULT_REMOTE, args.url)
+        ws.check_store(args.dest)
+        ws.check_remote(DEFAULT_REMOTE, args.url)
     single = getattr(args, "single_writer", False)
     code = _sync(
         args,
-        f"clone of {args.url} into {args.dest}",
+        "clone",
         "fetched",
+        lambda r: f"clone of {args.url} into {args.dest}",
         lambda cb: clone(args.url, args.dest, progress=cb, single_writer=single),
     )
     if args.workspace:
-        _write_workspace(ws, args.dest)
-        _add_workspace_remote(ws, DEFAULT_REMOTE, args.url)
+        ws.set_store(args.dest).add_remote(DEFAULT_REMOTE, args.url)
     return code
 
 
-def _check_workspace_store(path: Path, url: str) -> None:
-    if not path.exists():
-        return
-    data = yaml.safe_load(path.read_text()) or {}
-    current = data.get("store") if isinstance(data, dict) else None
-    if current is not None and current != url:
-        raise ValueError(f"{path} already names store {current!r}; edit it to change stores")
-
-
-def _check_workspace_remote(path: Path, name: str, url: str) -> None:
-    current = workspace_remotes(path.parent).get(name) if path.exists() else None
-    if current is not None and current != url:
-        raise ValueError(f"{path} already names remote {name!r} as {current!r}")
-
-
-def _add_workspace_remote(path: Path, name: str, url: str) -> None:
-    _check_workspace_remote(path, name, url)
-    data = yaml.safe_load(path.read_text()) or {}
-    remotes = data.get("remotes")
-    if isinstance(remotes, dict) and name in remotes:
-        return
-    if remotes is None:
-        # append rather than re-dump, so the user's comments and layout survive
-        text = path.read_text()
-        sep = "" if not text or text.endswith("\n") else "\n"
-        path.write_text(text + sep + yaml.safe_dump({"remotes": {name: url}}, sort_keys=False))
-        return
-    data["remotes"] = {**remotes, name: url}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
 # -- parsers -------------------------------------------------------------------------------------
+_GROUP_HELP = """\
+The content-addressed object store under everything MedOmni keeps: objects (blobs,
+trees, records) named by the BLAKE3 hash of their bytes, and refs (names -> ids, moved
+only by compare-and-swap, with a history). An ID is a full id, a unique prefix of at
+least 8 hex characters, or a ref name. The store is --store URL, else the workspace's.
+
+objects:      init, put, cat, show, ls, resolve
+refs:         refs, ref set|delete, log
+maintenance:  fsck (re-hash everything), gc, repack
+bundles:      export, import (one file holding objects and refs)
+remotes:      push, pull (to and from workspace.yaml's remotes or a URL), clone
+
+Output is a summary where a store grows large (refs, push, pull); -v or --json gives
+every line."""
+
+
 def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cas`` and its verbs to the top-level subcommands."""
     cas = groups.add_parser(
-        "cas", help="the content-addressed object store", parents=[common_options()]
+        "cas",
+        help="the content-addressed object store",
+        description=_GROUP_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common_options()],
     )
     cas.set_defaults(handler=None, parser=cas)
     verbs = cas.add_subparsers(title="verbs", metavar="VERB")
@@ -499,8 +515,9 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = add_command(verbs, "ls", cmd_ls, "list a tree's entries")
     p.add_argument("id", metavar="ID")
 
-    p = add_command(verbs, "refs", cmd_refs, "list refs")
+    p = add_command(verbs, "refs", cmd_refs, "list refs (a big namespace as one line)")
     p.add_argument("prefix", metavar="PREFIX", nargs="?", default="")
+    _verbose_argument(p, "list every ref")
 
     ref = verbs.add_parser("ref", help="change one ref", parents=[common_options()])
     ref.set_defaults(handler=None, parser=ref)
@@ -572,6 +589,11 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help=f"record DEST as the store and URL as remote {DEFAULT_REMOTE!r} in ./{WORKSPACE_FILE}",
     )
+    _verbose_argument(p, "list every ref, not only counts by outcome")
+
+
+def _verbose_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", help=f"{what} (--json: always)")
 
 
 def _sync_arguments(p: argparse.ArgumentParser) -> None:
@@ -588,3 +610,4 @@ def _sync_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="move refs even when that drops a value the other side never saw",
     )
+    _verbose_argument(p, "list every ref, not only counts by outcome")

@@ -54,7 +54,8 @@ from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob, Tree
 from medomni_cas.store.store import Store
-from medomni_cas.store.url import default_store_url, open_store
+from medomni_cas.store.url import open_store
+from medomni_cas.workspace import default_store_url
 
 __all__ = ["MedomniFile", "MedomniFileSystem"]
 
