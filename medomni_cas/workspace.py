@@ -60,18 +60,22 @@ _LOCAL_SCHEMES = ("lmdb://", "file://")
 
 
 class WorkspaceFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The settings of a ``workspace.yaml``; every key is optional.
+    """``workspace.yaml``: the store and the folders of a workspace; every key is optional.
 
-    store: the store's URL (default ``lmdb://./.medomni/store``, in the workspace folder).
-    studio: the Studio folder, holding ``datasets/`` (default ``studio``).
-    bench: the Bench folder, holding ``benchmarks/`` and ``agents/`` (default ``bench``).
-    runs: where run folders are written (default ``runs``).
-    remotes: name -> store URL, for ``medomni cas push/pull``; with no name given they use
-    ``origin``, or the only remote.
+    A folder without the file is a workspace with the defaults. Folders and local
+    (``lmdb://``, ``file://``) paths are relative to the workspace folder.
 
-    Folders and local (``lmdb://``, ``file://``) paths are relative to the workspace folder.
+    A misspelt key is an error naming it, not an ignored line (forbid_unknown_fields).
 
-    forbid_unknown_fields: a misspelt key is an error naming it, not an ignored line.
+    Fields:
+        store: The store's URL (default ``lmdb://./.medomni/store``, in the workspace
+            folder); relative ``lmdb://`` and ``file://`` paths are relative to the
+            workspace folder.
+        studio: The Studio folder, holding ``datasets/<dataset>/``.
+        bench: The Bench folder, holding ``benchmarks/<benchmark>/`` and ``agents/``.
+        runs: Where run folders are written (views of the run records in the store).
+        remotes: Name to store URL, for ``medomni cas push`` and ``pull``; ``origin`` (or the
+            only remote) is the default.
     """
 
     store: str | None = None

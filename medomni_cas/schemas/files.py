@@ -12,34 +12,10 @@ from dataclasses import dataclass
 import msgspec
 
 from medomni_cas.bench.agents import AgentFile
-from medomni_cas.store.url import DEFAULT_STORE_URL
 from medomni_cas.studio.schema import Benchmark, Cohort, Dataset, Ladder, TaskSet, Template
+from medomni_cas.workspace import WorkspaceFile
 
 __all__ = ["FILES", "UserFile", "WorkspaceFile", "user_file"]
-
-
-# Until medomni_cas.workspace reads the file into a struct of its own, this one states its keys;
-# the tests check that the workspace loader takes each of them and refuses any other.
-class WorkspaceFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``workspace.yaml``: the store and the folders of a workspace; every key is optional.
-
-    A folder without the file is a workspace with the defaults.
-
-    Fields:
-        store: The store's URL; relative ``lmdb://`` and ``file://`` paths are relative to
-            the workspace folder.
-        studio: The Studio folder, holding ``datasets/<dataset>/``.
-        bench: The Bench folder, holding ``benchmarks/<benchmark>/`` and ``agents/``.
-        runs: Where run folders are written (views of the run records in the store).
-        remotes: Name to store URL, for ``medomni cas push`` and ``pull``; ``origin`` (or the
-            only remote) is the default.
-    """
-
-    store: str = DEFAULT_STORE_URL
-    studio: str = "studio"
-    bench: str = "bench"
-    runs: str = "runs"
-    remotes: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
