@@ -1,4 +1,4 @@
-"""The user-level verbs (build, run, score, verify, provenance, diff) for the CLI and notebook.
+"""The user-level verbs (build, run, score, verify, diff, push, pull, ...) for CLI and notebook.
 
 Each verb composes Studio, Bench and Audit the one way both front ends use, and returns
 what the library returns; the CLI only parses, calls a verb and prints, and the notebook's
@@ -22,9 +22,10 @@ Results
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from medomni_cas.audit.diff import Difference, diff_results
 from medomni_cas.audit.prov import to_prov_json
@@ -37,8 +38,10 @@ from medomni_cas.bench.records import AgentConfig
 from medomni_cas.bench.runners import Runner, get_runner
 from medomni_cas.bench.scorer import Scored, jobs_of, result_ref, score_jobs, write_results
 from medomni_cas.errors import InvalidName, MedomniError
+from medomni_cas.store import sync
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.store.url import open_store
 from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
 from medomni_cas.studio.build import Built
 from medomni_cas.studio.build import build_pair as studio_build_pair
@@ -53,6 +56,11 @@ from medomni_cas.studio.tasksets import (
     show_set,
 )
 from medomni_cas.workspace import Workspace
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from medomni_cas.store.sync import SyncProgress, SyncReport
 
 __all__ = [
     "Bar",
@@ -70,6 +78,8 @@ __all__ = [
     "export",
     "format_value",
     "provenance",
+    "pull",
+    "push",
     "rebuild_set",
     "result_id",
     "run",
@@ -486,4 +496,56 @@ def export(store: Store, result: str | ObjectId, *, max_items: int = 10_000) -> 
 
 
 # -- sharing -------------------------------------------------------------------------------------
-# push and pull (a workspace's remotes) come here.
+# A remote is named as in workspace.yaml's ``remotes:`` (default ``origin``, or the only one),
+# given as a store URL, or given as an open `Store`. A remote opened here is closed here; the
+# local store is the caller's. The rules for which refs move are `medomni_cas.store.sync`'s.
+Remote = str | Store | None
+
+
+def _remote(
+    remote: Remote, workspace: Workspace | str | Path | None, **options: bool
+) -> AbstractContextManager[Store]:
+    if isinstance(remote, Store):
+        return nullcontext(remote)  # the caller's: not closed here
+    if remote is not None and "://" in remote:
+        return open_store(remote, **options)
+    if workspace is None:
+        raise ValueError(
+            f"no workspace to name remote {remote or 'origin'!r} in: give a store URL or a Store"
+        )
+    ws = workspace if isinstance(workspace, Workspace) else Workspace.load(workspace)
+    return open_store(ws.remote_url(remote), **options)
+
+
+def push(
+    store: Store,
+    remote: Remote = None,
+    refs: Sequence[str] | None = None,
+    *,
+    workspace: Workspace | str | Path | None = ".",
+    force: bool = False,
+    progress: Callable[[SyncProgress], None] | None = None,
+    single_writer: bool = False,
+) -> SyncReport:
+    """Send ``refs`` (default: all of ``store``'s) and what they reach to ``remote``.
+
+    ``single_writer`` opens the remote allowing ref updates without conditional writes."""
+    with _remote(remote, workspace, single_writer=single_writer) as dst:
+        return sync.push(store, dst, refs, force=force, progress=progress)
+
+
+def pull(
+    store: Store,
+    remote: Remote = None,
+    refs: Sequence[str] | None = None,
+    *,
+    workspace: Workspace | str | Path | None = ".",
+    force: bool = False,
+    progress: Callable[[SyncProgress], None] | None = None,
+) -> SyncReport:
+    """Fetch ``refs`` (default: all of the remote's) and what they reach into ``store``.
+
+    The remote must exist: pulling from a mistyped local path is an error, not an empty
+    store."""
+    with _remote(remote, workspace, create=False) as src:
+        return sync.pull(store, src, refs, force=force, progress=progress)

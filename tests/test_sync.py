@@ -634,7 +634,7 @@ def test_cli_progress_line_only_on_a_terminal(
 
 # -- porcelain push / pull ----------------------------------------------------------------------
 def test_porcelain_push_and_pull_by_remote_name(tmp_path: Path) -> None:
-    from medomni_cas import _porcelain_sync as porcelain
+    from medomni_cas import porcelain
 
     (tmp_path / "workspace.yaml").write_text("remotes:\n  origin: file://far\n")
     seen: list[SyncProgress] = []

@@ -10,7 +10,7 @@ shows a bigger one (``runs/slots/``) as one counted line; ``push``/``pull``/``cl
 refs by outcome and list only the refs that failed. ``-v`` prints every line, ``--json``
 always gives everything.
 
-``push`` / ``pull`` (`medomni_cas._porcelain_sync`) name a remote from the workspace's
+``push`` / ``pull`` (`medomni_cas.porcelain`) name a remote from the workspace's
 ``remotes:`` (default ``origin``, or the only one) or take a store URL; ``clone URL DEST``
 makes a new store. Transfers draw a progress line on stderr when it is a terminal. The
 workspace file is read and written through `medomni_cas.workspace` only.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import medomni_cas as mc
-from medomni_cas import _porcelain_sync as porcelain
+from medomni_cas import porcelain
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,

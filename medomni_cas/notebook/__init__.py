@@ -50,10 +50,12 @@ from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.store.url import open_store
 from medomni_cas.studio.tasksets import show_set
-from medomni_cas.workspace import Workspace, load_workspace
+from medomni_cas.workspace import Workspace
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from medomni_cas.store.sync import SyncReport
 
 __all__ = ["ResultView", "TaskSetView", "WorkspaceView", "open_workspace", "progress_bar"]
 
@@ -283,6 +285,29 @@ class WorkspaceView:
             progress=_progress(progress),
         )
 
+    # -- sharing ---------------------------------------------------------------------------------
+    def push(
+        self,
+        remote: str | Store | None = None,
+        refs: Sequence[str] | None = None,
+        *,
+        force: bool = False,
+    ) -> SyncReport:
+        """Send ``refs`` (default: all) and what they reach to ``remote``: a name from
+        ``workspace.yaml``'s ``remotes:`` (default ``origin``), a store URL or a `Store`."""
+        return porcelain.push(self.store, remote, refs, workspace=self.workspace, force=force)
+
+    def pull(
+        self,
+        remote: str | Store | None = None,
+        refs: Sequence[str] | None = None,
+        *,
+        force: bool = False,
+    ) -> SyncReport:
+        """Fetch ``refs`` (default: all of the remote's) and what they reach from ``remote``
+        (named as for `push`)."""
+        return porcelain.pull(self.store, remote, refs, workspace=self.workspace, force=force)
+
     # -- display ---------------------------------------------------------------------------------
     def _summary(self) -> list[tuple[str, str]]:
         def folder(p: Path | None) -> str:
@@ -326,5 +351,5 @@ def open_workspace(
     root = Path(text).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"no workspace folder at {root} (give a folder or a store URL)")
-    ws = load_workspace(root)
-    return WorkspaceView(open_store(ws.store_url, cache=cache, single_writer=single_writer), ws)
+    ws = Workspace.load(root)
+    return WorkspaceView(ws.open_store(cache=cache, single_writer=single_writer), ws)

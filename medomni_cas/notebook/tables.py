@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import pyarrow as pa
 
+from medomni_cas._extras import require
 from medomni_cas.bench.records import AgentConfig, JobRecord, RunRecord
 from medomni_cas.bench.schemas import (
     ATOM_SCHEMA,
@@ -77,7 +78,8 @@ def _pandas_type(typ: pa.DataType) -> object:
 
 
 def to_pandas(table: pa.Table) -> pd.DataFrame:
-    """A DataFrame of the same types (pandas is imported only now)."""
+    """A DataFrame of the same types (pandas is imported only now: the notebook extra)."""
+    require("pandas", "notebook", "notebook tables")
     return table.to_pandas(types_mapper=_pandas_type)
 
 
