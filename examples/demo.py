@@ -7,7 +7,7 @@ the README's commands work from the repository's root with no flags. The demo:
 1. generates the example dataset (`examples.synth`, 200 patients, seed 0) into
    ``examples/studio/datasets/synth-ehr/data`` if it is not there yet;
 2. builds the task set medomni-bench/v1 under all four arms;
-3. runs the deterministic baseline agent (examples/baseline_agent.py) with the process
+3. runs the deterministic baseline agent (medomni_cas/bench/baseline.py) with the process
    runner, the perception gateway attached on the encoder arms;
 4. scores the runs, writes ``results/medomni-bench.v1/`` and prints the results table;
 5. prints the audit summary of the result and re-hashes its whole closure.

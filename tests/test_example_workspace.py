@@ -3,7 +3,6 @@ the root with no flags (store, studio, bench and runs all come from the file).""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -50,8 +49,6 @@ def test_readme_commands_work_from_the_root(
     repo = tmp_path / "repo"
     (repo / "examples").mkdir(parents=True)
     shutil.copy(ROOT / "workspace.yaml", repo)
-    for name in ("__init__.py", "baseline_agent.py"):
-        shutil.copy(ROOT / "examples" / name, repo / "examples")
     no_data = shutil.ignore_patterns("data")
     for name in ("studio", "bench"):
         shutil.copytree(ROOT / "examples" / name, repo / "examples" / name, ignore=no_data)
@@ -59,8 +56,6 @@ def test_readme_commands_work_from_the_root(
         repo / "examples/studio/datasets/synth-ehr/data", patients=200, seed=0
     )  # as `make demo`
     monkeypatch.chdir(repo)
-    # the baseline agent runs as `python -m examples.baseline_agent`: the copy's
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
 
     code = main(["studio", "taskset", "build", "medomni-bench/v1"])
     out, err = capsys.readouterr()

@@ -4,7 +4,6 @@ the example notebook executed end to end by a Jupyter kernel of this interpreter
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -61,15 +60,12 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     (root / "bench/benchmarks/medomni-bench/sets/small.yaml").write_text(yaml.safe_dump(SMALL))
     settings = {"store": "lmdb://store", "studio": str(EXAMPLES / "studio"), "bench": "bench"}
     (root / "workspace.yaml").write_text(yaml.safe_dump(settings))
-    with pytest.MonkeyPatch.context() as mp:
-        # the baseline runs as `python -m examples.baseline_agent` in a scratch folder
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        ws = mc.open_workspace(root)
-        built = ws.build(SET, data_root=root)
-        report = ws.run(SET, "baseline", arms=["no-perception"])
-        result = ws.score(SET, n_boot=200)
-        yield Flow(ws, root, built, report, result)
-        ws.close()
+    ws = mc.open_workspace(root)
+    built = ws.build(SET, data_root=root)
+    report = ws.run(SET, "baseline", arms=["no-perception"])
+    result = ws.score(SET, n_boot=200)
+    yield Flow(ws, root, built, report, result)
+    ws.close()
 
 
 # -- opening ---------------------------------------------------------------------------------

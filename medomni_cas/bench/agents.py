@@ -10,7 +10,7 @@
       scaffold: baseline        # what drives the model; a runner must know it
       served_model: none        # what the provider must report back; else the run is an error
       limits: {time_sec: 600, tokens: 100000, cost_usd: 1.0}
-      command: [python, -m, examples.baseline_agent]   # scaffold options, passed through
+      command: [python, -m, medomni_cas.bench.baseline]   # scaffold options, passed through
 
 Errors name the file, line and field, as Studio's files do.
 """
