@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterable
 
 import msgspec
 import pytest
@@ -115,16 +116,23 @@ def test_fsck_walks_every_ref_at_once_and_by_ref_only_on_a_problem(
     for i, (root, _) in enumerate(roots):
         store.refs.set(f"runs/slots/{i:02d}", root)
         store.refs.set(f"runs/again/{i:02d}", root)  # two refs to one closure
-    by_ref: list[int] = []
-    walk = verify._Checker.walk
-    monkeypatch.setattr(verify._Checker, "walk", lambda c, r: by_ref.append(1) or walk(c, r))
+    walks: list[int] = []  # how many roots each walk was given
+    walk = verify._Walk.walk
+
+    def counted(w: verify._Walk, roots: Iterable[bytes]) -> list[bytes]:
+        roots = list(roots)
+        walks.append(len(roots))
+        return walk(w, roots)
+
+    monkeypatch.setattr(verify._Walk, "walk", counted)
     clean = fsck(store)
     assert clean.ok and clean.objects == len(list(store.iter_ids())) and clean.refs == 60
-    assert by_ref == []  # one walk of all sixty, no second
+    assert walks == [60]  # one walk of all sixty, no second
     leaf = roots[17][1][3]
     _tamper(store, leaf, _flip(store.backend.get(leaf), 9))
+    walks.clear()
     report = fsck(store)
-    assert by_ref == [1]
+    assert walks == [60] + [1] * 30  # then one ref at a time (the other 30 share closures)
     (problem,) = report.problems
     assert (problem.kind, problem.id, problem.ref) == ("corrupt", leaf.hex(), "runs/again/17")
     assert report.objects == clean.objects
