@@ -243,29 +243,29 @@ def test_get_list_and_ref_get_prefixed_agree_with_one_at_a_time(kind: str, tmp_p
             store.refs.set(f"runs/slots/{s.hex()}", target)
         names = [f"runs/slots/{s.hex()}" for s in slots]
         assert backend.ref_get_prefixed("runs/slots/", slots) == backend.ref_get_many(names)
-        got = store.refs.get_many_ids("runs/slots/", slots)
+        got = store.refs.get_many_by_id("runs/slots/", slots)
         assert got == store.refs.get_many(names) == [target, None, target, None, target]
         assert all(type(g) is ObjectId for g in got if g is not None)
-        assert store.refs.get_many_ids("runs/slots/", iter(slots[:1])) == [target]
-        assert store.refs.get_many_ids("runs/slots/", []) == []
+        assert store.refs.get_many_by_id("runs/slots/", iter(slots[:1])) == [target]
+        assert store.refs.get_many_by_id("runs/slots/", []) == []
     finally:
         store.close()
 
 
-def test_get_many_ids_refuses_bad_names_and_ids() -> None:
+def test_get_many_by_id_refuses_bad_names_and_ids() -> None:
     store = mc.open("memory://")
     slot = hash_bytes(b"slot")
     for prefix in ("runs//slots/", "/runs/", "runs/.slots/", "runs/slots.lock/", "a b/"):
         with pytest.raises(InvalidName, match=prefix.replace(".", r"\.")):
-            store.refs.get_many_ids(prefix, [slot])
+            store.refs.get_many_by_id(prefix, [slot])
     with pytest.raises(InvalidName, match=r"runs/\.\./" + slot.hex()):  # names the ref
-        store.refs.get_many_ids("runs/../", [slot, slot])
+        store.refs.get_many_by_id("runs/../", [slot, slot])
     with pytest.raises(InvalidName, match="1 to 1024"):
-        store.refs.get_many_ids("r" * 961 + "/", [slot])
+        store.refs.get_many_by_id("r" * 961 + "/", [slot])
     with pytest.raises(InvalidId):
-        store.refs.get_many_ids("runs/slots/", [slot, b"short"])
+        store.refs.get_many_by_id("runs/slots/", [slot, b"short"])
     # hex digits are valid anywhere in a component: a prefix without a slash works too
-    assert store.refs.get_many_ids("runs/slot-", [slot]) == [None]
+    assert store.refs.get_many_by_id("runs/slot-", [slot]) == [None]
 
 
 def _reference_walk(store: mc.Store, roots: list[ObjectId]) -> list[ObjectId]:
