@@ -10,17 +10,19 @@ written the way a user reads it::
     answer: blob c462c8460409 is corrupt (its bytes hash to b441d6…); also linked from 6
     other runs
 
-Fast path first, names later: the closure is checked by the store's one checked walk
-(`medomni_cas.store.verify.walk_checked`, which shares its big levels with helper processes
-on a local store). Only when something is wrong is it walked again keeping the object that
-first links each one, and the few objects on a path read again and decoded to name it, and
-every other referrer of a bad object found (a shared blob is one object for many runs). The
-objects below a corrupt object are not followed through it (its links cannot be trusted);
-they are checked if something sound links them too.
+Fast path first, names later
+    The closure is checked by the store's one checked walk
+    (`medomni_cas.store.verify.walk_checked`, which shares its big levels with helper
+    processes on a local store). Only when something is wrong is it walked again keeping
+    the object that first links each one; then the few objects on a path are read again and
+    decoded to name it, and every other referrer of a bad object is found (a shared blob is
+    one object for many runs). The objects below a corrupt object are not followed through
+    it (its links cannot be trusted); they are checked if something sound links them too.
 
-What is checked: every object's bytes hash to its id, and every linked object is present.
-With ``canonical=True`` each object is also re-encoded and must be in canonical form (what
-``medomni cas fsck`` does), at several times the cost.
+What is checked
+    Every object's bytes hash to its id, and every linked object is present. With
+    ``canonical=True`` each object is also re-encoded and must be in canonical form (what
+    ``medomni cas fsck`` does), at several times the cost.
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ def _no_links(bodies: Iterable[Any], owners: Iterable[int], exts: list[Any], of:
     return None
 
 
-# header bytes -> how to read that kind (registered kinds only: a plug-in may register later)
+# header bytes -> how to read that kind: a memo of the record registry (registered kinds
+# only: a plug-in may register later), the same for every walk; no answer depends on it
 _KINDS: dict[bytes, Kind] = {}
 
 
