@@ -350,8 +350,8 @@ def fsck(store: Store, *, progress: Progress | None = None, jobs: int | None = N
         for name, oid in refs:
             if not w.met(oid):
                 found.bad(w.walk([oid]), name)
-            elif w.check.bad.get(oid, Bad("", ""))[0] == MISSING:  # another ref reached it first
-                found.missing(oid, None, name)
+            elif (bad := w.check.bad.get(oid)) is not None and bad.kind == MISSING:
+                found.missing(oid, None, name)  # another ref reached it first
         _scan(w, found)
     return found.report(len(refs))
 
