@@ -297,3 +297,31 @@ def test_one_decode_path_agrees_with_the_full_check() -> None:
     report = verify_closure(store, [admit, ids[0]])
     assert [(p.kind, p.id) for p in report.problems] == [("missing", c.hex())]
     assert ids[0].hex() in report.problems[0].message
+
+
+def test_walk_checked_finds_bad_objects_and_how_they_were_reached(store: mc.Store) -> None:
+    """The one checked walk: what is bad, who first links each object (with parents), every
+    referrer of a shared bad blob, and the kind a damaged object's bytes still name."""
+    shared = store.put_blob(b"shared by every note")
+    gone = store.put_blob(b"soon gone")
+    notes = [
+        store.put_object("test-verify-note", 1, {"i": i, "see": [shared, gone]}) for i in range(3)
+    ]
+    root = store.put_tree({f"n{i}": n for i, n in enumerate(notes)})
+    _tamper(store, shared, _flip(store.backend.get(shared), 100))
+    store.backend.delete_many([gone])
+    fast = verify.walk_checked(store, [root], canonical=True, jobs=1)
+    assert {k: b.kind for k, b in fast.bad.items()} == {shared: "corrupt", gone: "missing"}
+    assert fast.bad[shared].detail == hash_bytes(store.backend.get(shared)).hex()
+    assert fast.objects == 1 + 3 + 1 and fast.processes == 1
+    assert set(fast.parent) == {gone} and fast.parent[gone] in notes  # the missing one only
+    with pytest.raises(ValueError, match="parents=True"):
+        fast.referrers()
+    named = verify.walk_checked(store, [root], canonical=False, parents=True)
+    assert named.bad == fast.bad
+    assert named.parent[root] is None and {named.parent[n] for n in notes} == {root}
+    assert named.parent[shared] == named.parent[gone] in notes
+    referrers = named.referrers()
+    assert sorted(referrers[shared]) == sorted(notes) == sorted(referrers[gone])
+    assert named.stored_kind(shared) == ("blob", 1)  # the flipped bit is in the payload
+    assert named.stored_kind(gone) is None
