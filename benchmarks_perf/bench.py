@@ -3,8 +3,9 @@
 Every row pairs our figure with a baseline measured in the same run on the same tmp disk:
 
 1. resume: the resume check of 100,000 run slots (10 jobs): each slot's id, then its
-   ``runs/slots/<hex>`` ref, as `slot_digests` + `Refs.get_many_ids` per job, against the same work
-   one slot at a time (the `RunSlot` record encoded and hashed, one `Refs.get` per slot);
+   ``runs/slots/<hex>`` ref, as `slot_digests` + `Refs.get_many_by_id` per job, against the
+   same work one slot at a time (the `RunSlot` record encoded and hashed, one `Refs.get` per
+   slot);
    the ids and the ref reads alone against their definition and raw LMDB gets; and what the
    harness reads next (each final run's outcome), typed against a two-field view;
 2. scoring: `score_jobs` over 10,000,000 prediction rows (100 jobs of 100,000 rows, in
@@ -295,7 +296,7 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     def ours() -> int:
         found = 0
         for atoms, arm, rep in runs.jobs:
-            got = store.refs.get_many_ids(SLOT_REFS, slot_digests(atoms, agent, arm, rep))
+            got = store.refs.get_many_by_id(SLOT_REFS, slot_digests(atoms, agent, arm, rep))
             found += len(got) - got.count(None)
         return found
 
@@ -339,10 +340,10 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     names = [f"{SLOT_REFS}{s.hex()}" for s in slots]
     if names[0] != slot_ref(ids[0][0]):
         raise RuntimeError("slot ref names differ from the harness's")
-    t_get, got = median_time(lambda: store.refs.get_many_ids(SLOT_REFS, slots), sizes.repeats)
+    t_get, got = median_time(lambda: store.refs.get_many_by_id(SLOT_REFS, slots), sizes.repeats)
     t_names, by_name = median_time(lambda: store.refs.get_many(names), sizes.repeats)
     if by_name != got:
-        raise RuntimeError("Refs.get_many and Refs.get_many_ids differ")
+        raise RuntimeError("Refs.get_many and Refs.get_many_by_id differ")
     keys = [name.encode() for name in names]
     backend = store.backend
     assert isinstance(backend, LMDBBackend)
@@ -376,7 +377,7 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             t_one,
             "1 slot at a time",
             max_value=0.2,
-            note=f"slot_digests + Refs.get_many_ids per job ({len(runs.jobs)} jobs), as the "
+            note=f"slot_digests + Refs.get_many_by_id per job ({len(runs.jobs)} jobs), as the "
             f"harness does{reps}",
         ),
         Row(
@@ -389,7 +390,7 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             "hasher; same ids",
         ),
         Row(
-            f"resume: {what}, Refs.get_many_ids alone",
+            f"resume: {what}, Refs.get_many_by_id alone",
             t_get,
             "s",
             t_raw,

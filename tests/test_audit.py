@@ -43,7 +43,7 @@ from medomni_cas.audit.provenance import render_text as show_text
 from medomni_cas.bench.records import JobRecord, PredictionRecord, Result, RunRecord
 from medomni_cas.cli import main
 from medomni_cas.store import encoding
-from medomni_cas.store._links import LINK_MARK, fast_links
+from medomni_cas.store._fast import LINK_MARK, fast_links
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.backends.memory import MemoryBackend
 from medomni_cas.store.ids import ObjectId

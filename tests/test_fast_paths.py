@@ -1,6 +1,6 @@
 """The batch paths of walks and checks agree with the one-object definitions they speed up.
 
-`medomni_cas.store._links` reads links and checks canonical form a batch at a time (a mirror
+`medomni_cas.store._fast` reads links and checks canonical form a batch at a time (a mirror
 of each record class, link marks counted against a view); the backends read a batch as one
 list and refs by id; `Store.walk`, `verify_closure`, `verify_result` and sync are built on
 them. Each test compares a fast path with `encoding.links`, `encoding.validate_canonical`
@@ -21,17 +21,10 @@ from medomni_cas.audit.verify import verify_result
 from medomni_cas.bench.records import Result
 from medomni_cas.errors import InvalidId, InvalidName, InvalidObject
 from medomni_cas.store import encoding
-from medomni_cas.store._links import (
-    LINK_MARK,
-    batch_check,
-    batch_links,
-    fast_links,
-    mismatches,
-    unseen,
-)
+from medomni_cas.store._fast import BatchReader, fast_links, mismatches, unseen
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.blobs import blob_object
-from medomni_cas.store.encoding import Record
+from medomni_cas.store.encoding import LINK_MARK, Record
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.verify import verify_closure
 from tests.conftest import store_url
@@ -162,9 +155,10 @@ def _per_owner(ids: list[bytes], owners: list[int], n: int) -> list[list[bytes]]
 def test_batch_links_are_exactly_encoding_links() -> None:
     datas = _objects()
     rng = random.Random(3)
+    reader = BatchReader(exact=False)
     for _ in range(5):  # and in batches that mix kinds in any order
         rng.shuffle(datas)
-        ids, owners, errors = batch_links(datas, ordered=True)
+        ids, owners, errors = reader.links(datas, ordered=True)
         got = _per_owner(ids, owners, len(datas))
         assert owners == sorted(owners)
         for i, data in enumerate(datas):
@@ -182,7 +176,7 @@ def test_batch_links_are_exactly_encoding_links() -> None:
 
 def test_batch_check_never_passes_what_the_full_check_refuses() -> None:
     datas = _objects()
-    ids, owners, doubtful = batch_check(datas)
+    ids, owners, doubtful = BatchReader(exact=False).check(datas)
     got = _per_owner(ids, owners, len(datas))
     affirmed = set(range(len(datas))) - set(doubtful)
     for i in affirmed:
@@ -206,12 +200,13 @@ def test_a_malformed_object_leaves_no_header_behind() -> None:
     (here b"") must not be kept, or every later object would be grouped with it and take
     the slow path (as it did after fsck met one)."""
     garbage = b"\xc1 not msgpack at all"
-    batch_links([garbage])
-    batch_check([garbage])
+    reader = BatchReader(exact=False)
+    reader.links([garbage])
+    reader.check([garbage])
     datas = [encoding.encode(r) for r in GOOD]
-    _, _, doubtful = batch_check(datas)
+    _, _, doubtful = reader.check(datas)
     assert not {i for i, r in enumerate(GOOD) if isinstance(r, FastRec)} & set(doubtful)
-    ids, owners, errors = batch_links(datas, ordered=True)
+    ids, owners, errors = reader.links(datas, ordered=True)
     assert not errors
     assert _per_owner(ids, owners, len(datas)) == [_links_or_error(d) for d in datas]
 
@@ -248,29 +243,29 @@ def test_get_list_and_ref_get_prefixed_agree_with_one_at_a_time(kind: str, tmp_p
             store.refs.set(f"runs/slots/{s.hex()}", target)
         names = [f"runs/slots/{s.hex()}" for s in slots]
         assert backend.ref_get_prefixed("runs/slots/", slots) == backend.ref_get_many(names)
-        got = store.refs.get_many_ids("runs/slots/", slots)
+        got = store.refs.get_many_by_id("runs/slots/", slots)
         assert got == store.refs.get_many(names) == [target, None, target, None, target]
         assert all(type(g) is ObjectId for g in got if g is not None)
-        assert store.refs.get_many_ids("runs/slots/", iter(slots[:1])) == [target]
-        assert store.refs.get_many_ids("runs/slots/", []) == []
+        assert store.refs.get_many_by_id("runs/slots/", iter(slots[:1])) == [target]
+        assert store.refs.get_many_by_id("runs/slots/", []) == []
     finally:
         store.close()
 
 
-def test_get_many_ids_refuses_bad_names_and_ids() -> None:
+def test_get_many_by_id_refuses_bad_names_and_ids() -> None:
     store = mc.open("memory://")
     slot = hash_bytes(b"slot")
     for prefix in ("runs//slots/", "/runs/", "runs/.slots/", "runs/slots.lock/", "a b/"):
         with pytest.raises(InvalidName, match=prefix.replace(".", r"\.")):
-            store.refs.get_many_ids(prefix, [slot])
+            store.refs.get_many_by_id(prefix, [slot])
     with pytest.raises(InvalidName, match=r"runs/\.\./" + slot.hex()):  # names the ref
-        store.refs.get_many_ids("runs/../", [slot, slot])
+        store.refs.get_many_by_id("runs/../", [slot, slot])
     with pytest.raises(InvalidName, match="1 to 1024"):
-        store.refs.get_many_ids("r" * 961 + "/", [slot])
+        store.refs.get_many_by_id("r" * 961 + "/", [slot])
     with pytest.raises(InvalidId):
-        store.refs.get_many_ids("runs/slots/", [slot, b"short"])
+        store.refs.get_many_by_id("runs/slots/", [slot, b"short"])
     # hex digits are valid anywhere in a component: a prefix without a slash works too
-    assert store.refs.get_many_ids("runs/slot-", [slot]) == [None]
+    assert store.refs.get_many_by_id("runs/slot-", [slot]) == [None]
 
 
 def _reference_walk(store: mc.Store, roots: list[ObjectId]) -> list[ObjectId]:

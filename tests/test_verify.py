@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterable
 
 import msgspec
 import pytest
@@ -115,16 +116,23 @@ def test_fsck_walks_every_ref_at_once_and_by_ref_only_on_a_problem(
     for i, (root, _) in enumerate(roots):
         store.refs.set(f"runs/slots/{i:02d}", root)
         store.refs.set(f"runs/again/{i:02d}", root)  # two refs to one closure
-    by_ref: list[int] = []
-    walk = verify._Checker.walk
-    monkeypatch.setattr(verify._Checker, "walk", lambda c, r: by_ref.append(1) or walk(c, r))
+    walks: list[int] = []  # how many roots each walk was given
+    walk = verify._Walk.walk
+
+    def counted(w: verify._Walk, roots: Iterable[bytes]) -> list[bytes]:
+        roots = list(roots)
+        walks.append(len(roots))
+        return walk(w, roots)
+
+    monkeypatch.setattr(verify._Walk, "walk", counted)
     clean = fsck(store)
     assert clean.ok and clean.objects == len(list(store.iter_ids())) and clean.refs == 60
-    assert by_ref == []  # one walk of all sixty, no second
+    assert walks == [60]  # one walk of all sixty, no second
     leaf = roots[17][1][3]
     _tamper(store, leaf, _flip(store.backend.get(leaf), 9))
+    walks.clear()
     report = fsck(store)
-    assert by_ref == [1]
+    assert walks == [60] + [1] * 30  # then one ref at a time (the other 30 share closures)
     (problem,) = report.problems
     assert (problem.kind, problem.id, problem.ref) == ("corrupt", leaf.hex(), "runs/again/17")
     assert report.objects == clean.objects
@@ -289,3 +297,31 @@ def test_one_decode_path_agrees_with_the_full_check() -> None:
     report = verify_closure(store, [admit, ids[0]])
     assert [(p.kind, p.id) for p in report.problems] == [("missing", c.hex())]
     assert ids[0].hex() in report.problems[0].message
+
+
+def test_walk_checked_finds_bad_objects_and_how_they_were_reached(store: mc.Store) -> None:
+    """The one checked walk: what is bad, who first links each object (with parents), every
+    referrer of a shared bad blob, and the kind a damaged object's bytes still name."""
+    shared = store.put_blob(b"shared by every note")
+    gone = store.put_blob(b"soon gone")
+    notes = [
+        store.put_object("test-verify-note", 1, {"i": i, "see": [shared, gone]}) for i in range(3)
+    ]
+    root = store.put_tree({f"n{i}": n for i, n in enumerate(notes)})
+    _tamper(store, shared, _flip(store.backend.get(shared), 100))
+    store.backend.delete_many([gone])
+    fast = verify.walk_checked(store, [root], canonical=True, jobs=1)
+    assert {k: b.kind for k, b in fast.bad.items()} == {shared: "corrupt", gone: "missing"}
+    assert fast.bad[shared].detail == hash_bytes(store.backend.get(shared)).hex()
+    assert fast.objects == 1 + 3 + 1 and fast.processes == 1
+    assert set(fast.parent) == {gone} and fast.parent[gone] in notes  # the missing one only
+    with pytest.raises(ValueError, match="parents=True"):
+        fast.referrers()
+    named = verify.walk_checked(store, [root], canonical=False, parents=True)
+    assert named.bad == fast.bad
+    assert named.parent[root] is None and {named.parent[n] for n in notes} == {root}
+    assert named.parent[shared] == named.parent[gone] in notes
+    referrers = named.referrers()
+    assert sorted(referrers[shared]) == sorted(notes) == sorted(referrers[gone])
+    assert named.stored_kind(shared) == ("blob", 1)  # the flipped bit is in the payload
+    assert named.stored_kind(gone) is None

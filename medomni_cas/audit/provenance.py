@@ -13,6 +13,7 @@ of runs is summarised in histograms; the runs themselves are listed only when as
 
 from __future__ import annotations
 
+import html
 from collections import Counter
 from collections.abc import Iterable
 
@@ -163,9 +164,7 @@ class Provenance(_Report, kw_only=True):
         return "\n".join(render_text(self))
 
     def _repr_html_(self) -> str:
-        from medomni_cas.notebook.html import esc
-
-        return f"<pre>{esc(chr(10).join(render_text(self)))}</pre>"
+        return f"<pre>{html.escape(chr(10).join(render_text(self)))}</pre>"
 
 
 def _builds(store: Store, set_build: SetBuild) -> list[BuildSummary]:

@@ -10,42 +10,38 @@ written the way a user reads it::
     answer: blob c462c8460409 is corrupt (its bytes hash to b441d6…); also linked from 6
     other runs
 
-Fast path first, names later. The walk keeps, for every id it discovers, the object that
-linked it first (a dict in place of the "seen" set a walk needs anyway, so a path costs no
-extra memory per object), and the list of objects that hold links. Only when something is
-wrong are the few objects on a path read again and decoded to name it, and the objects with
-links read again to find every other referrer of a bad object (a shared blob is one object
-for many runs). The objects below a corrupt object are not followed through it (its links
-cannot be trusted); they are checked if something sound links them too. On a local store
-and a machine with spare cores, the big levels of the walk are shared with helper
-processes (``jobs``; `medomni_cas.store._helpers`), which check batches with the same code.
+Fast path first, names later
+    The closure is checked by the store's one checked walk
+    (`medomni_cas.store.verify.walk_checked`, which shares its big levels with helper
+    processes on a local store). Only when something is wrong is it walked again keeping
+    the object that first links each one; then the few objects on a path are read again and
+    decoded to name it, and every other referrer of a bad object is found (a shared blob is
+    one object for many runs). The objects below a corrupt object are not followed through
+    it (its links cannot be trusted); they are checked if something sound links them too.
 
-What is checked: every object's bytes hash to its id, and every linked object is present.
-With ``canonical=True`` each object is also re-encoded and must be in canonical form (what
-``medomni cas fsck`` does), at several times the cost.
+What is checked
+    Every object's bytes hash to its id, and every linked object is present. With
+    ``canonical=True`` each object is also re-encoded and must be in canonical form (what
+    ``medomni cas fsck`` does), at several times the cost.
 """
 
 from __future__ import annotations
 
-import operator
+import html
 import time
 from collections.abc import Callable
 
-import blake3
 import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label, short
 from medomni_cas.audit.derived import check_answer_columns
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
-from medomni_cas.errors import InvalidObject
+from medomni_cas.errors import IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
-from medomni_cas.store._checks import Findings
-from medomni_cas.store._helpers import BATCH as _BATCH
-from medomni_cas.store._helpers import Helpers
-from medomni_cas.store._links import fast_links, new_links, unseen
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.store.verify import Bad, ClosureCheck, walk_checked
 from medomni_cas.studio.records import (
     AnswerKey,
     AtomTask,
@@ -69,7 +65,6 @@ __all__ = [
 CORRUPT = "corrupt"
 MISSING = "missing"
 MALFORMED = "malformed"
-_FIRST_BYTE = operator.itemgetter(0)
 
 Progress = Callable[[int], None]
 
@@ -105,9 +100,7 @@ class VerifyReport(msgspec.Struct, kw_only=True):
         return "\n".join(render_text(self))
 
     def _repr_html_(self) -> str:
-        from medomni_cas.notebook.html import esc
-
-        return f"<pre>{esc(chr(10).join(render_text(self)))}</pre>"
+        return f"<pre>{html.escape(chr(10).join(render_text(self)))}</pre>"
 
 
 def render_text(report: VerifyReport) -> list[str]:
@@ -144,17 +137,17 @@ def verify_result(
     root = store.resolve(result)
     _check_root(store, root, result)
     t0 = time.perf_counter()
-    found = _walk(store, root, canonical, progress, naming=False, jobs=jobs)
+    found = walk_checked(store, [root], canonical=canonical, jobs=jobs, progress=progress)
     seconds = time.perf_counter() - t0
     problems: list[VerifyProblem] = []
     if found.bad:
         # walked again, noting the object that first links each one: paths to name
-        named = _walk(store, root, canonical, None, naming=True)
-        namer = _Namer(store, named.parent, named.bad)
-        referrers = _referrers(store, named)
+        named = walk_checked(store, [root], canonical=canonical, parents=True)
+        namer = _Namer(store, named)
+        referrers = named.referrers()
         problems = [
-            namer.problem(oid, kind, got, referrers.get(oid, []))
-            for oid, (kind, got) in named.bad.items()
+            namer.problem(oid, bad, referrers.get(oid, []), canonical)
+            for oid, bad in named.bad.items()
         ]
     # the answers it was scored against, made again (only over a sound closure)
     remade = check_answer_columns(store, root) if derived and not problems else []
@@ -166,7 +159,7 @@ def verify_result(
         seconds=seconds,
         objects_per_sec=found.objects / seconds if seconds > 0 else 0.0,
         problems=problems,
-        processes=1 + found.helped,
+        processes=found.processes,
         derived=remade,
     )
 
@@ -174,101 +167,11 @@ def verify_result(
 def _check_root(store: Store, root: ObjectId, spec: str | ObjectId) -> None:
     """Refuse a sound root that is not a result; a damaged one is the walk's to report."""
     try:
-        data = store.backend.get(root)
-    except KeyError:
-        return
-    if blake3.blake3(data).digest() != root:
-        return
-    try:
-        kind, _ = encoding.kind_of(data)
-    except InvalidObject:
+        kind, _ = encoding.kind_of(store.get_raw(root))
+    except (NotFound, IntegrityError, InvalidObject):
         return
     if kind != Result.__kind__:
         raise AuditError(f"{spec} is a {kind} object ({root.hex()}), not a result")
-
-
-# -- the walk -----------------------------------------------------------------------------------
-class _Found:
-    def __init__(self, root: bytes, naming: bool) -> None:
-        # naming: the object that first links each one (None for the root), for paths;
-        # else only which ones were met (a set: about twice as fast as the dict)
-        self.parent: dict[bytes, bytes | None] = {root: None}
-        self.seen: set[bytes] = set() if naming else {root}
-        self.naming = naming
-        self.bad: dict[bytes, tuple[str, str]] = {}  # id -> (kind of problem, detail)
-        # when naming, each batch's keys and the owner of each link found in it: the
-        # objects with links, read again to name referrers
-        self.read: list[tuple[list[bytes], list[int]]] = []
-        self.objects = 0
-        self.nbytes = 0
-        self.helped = 0  # helper processes that checked part of it
-
-
-def _walk(
-    store: Store,
-    root: ObjectId,
-    canonical: bool,
-    progress: Progress | None,
-    *,
-    naming: bool,
-    jobs: int | None = None,
-) -> _Found:
-    """Breadth first from ``root``; every object read and hashed once.
-
-    The loop is the cost of an audit, so it works on batches, a few C-level passes each
-    (`medomni_cas.store._checks`), and shares its big levels with helper processes when the
-    store allows it (`medomni_cas.store._helpers`; not when naming, which is only run after
-    something was found wrong). Each level's frontier is read in the order of its keys'
-    first byte: LMDB keeps its pages in key order, and reads close together in it are about
-    1.5x faster than in hash order (a full sort gains little more on the reads and costs 3x
-    as much). Links met before are dropped by set operations on the batch's links.
-    """
-    found = _Found(root, naming)
-    frontier: list[bytes] = [root]
-    with Helpers(store.backend, canonical, 1 if naming else jobs) as helpers:
-        while frontier:
-            frontier.sort(key=_FIRST_BYTE)
-            nxt: list[bytes] = []
-            for f in helpers.check(frontier, owners=naming):
-                _note(found, f, canonical)
-                if naming and f.links:
-                    found.read.append((f.sound, f.owners))
-                    nxt += new_links(found.parent, f.sound, f.links, f.owners)
-                elif f.links:  # in no order: each level is sorted before it is read
-                    nxt += unseen(found.seen, f.links, ordered=False)
-                if progress is not None:
-                    progress(found.objects)
-            frontier = nxt
-        found.helped = helpers.helped
-    return found
-
-
-def _note(found: _Found, f: Findings, canonical: bool) -> None:
-    """Count a batch's objects and note its bad ones."""
-    found.objects += f.objects
-    found.nbytes += f.nbytes
-    for key in f.absent:
-        found.bad[key] = (MISSING, "")
-    for key, got in f.corrupt:
-        found.bad[key] = (CORRUPT, got)
-    for key, e in f.malformed:
-        found.bad[key] = (MALFORMED, e if canonical else f"its links cannot be read: {e}")
-
-
-def _referrers(store: Store, found: _Found) -> dict[bytes, list[bytes]]:
-    """Every object that links a bad one (a shared blob is linked by many runs). Only run
-    when something is wrong: it reads the objects with links a second time."""
-    out: dict[bytes, list[bytes]] = {k: [] for k in found.bad}
-    linkers = [k for keys, owners in found.read for k in map(keys.__getitem__, set(owners))]
-    for i in range(0, len(linkers), _BATCH):
-        keys = linkers[i : i + _BATCH]
-        for key, data in zip(keys, store.backend.get_list(keys), strict=True):
-            if data is None or key in found.bad:
-                continue
-            for link in dict.fromkeys(fast_links(data)):
-                if link in out:
-                    out[link].append(key)
-    return out
 
 
 # -- naming -------------------------------------------------------------------------------------
@@ -316,20 +219,17 @@ def _noun(kind: str, n: int) -> str:
 class _Namer:
     """Describes the objects on the path from the result to a bad one (read on demand)."""
 
-    def __init__(
-        self, store: Store, parent: dict[bytes, bytes | None], bad: dict[bytes, tuple[str, str]]
-    ) -> None:
+    def __init__(self, store: Store, check: ClosureCheck) -> None:
         self.store = store
-        self.parent = parent
-        self.bad = bad
+        self.check = check
+        self.parent = check.parent
+        self.bad = check.bad
         self.decoded: dict[bytes, tuple[str, object]] = {}
 
     def _get(self, oid: bytes) -> tuple[str, object]:
         got = self.decoded.get(oid)
         if got is None:
-            # the objects on a path were all verified by the walk: a plain read is enough
-            data = self.store.backend.get(oid)
-            kind, _, body = encoding.decode(data)
+            kind, _, body = encoding.decode(self.store.get_raw(ObjectId(oid)))
             if kind == TREE:
                 body = dict(body)
             got = self.decoded[oid] = (kind, body)
@@ -377,7 +277,12 @@ class _Namer:
         chain.reverse()
         return chain
 
-    def problem(self, oid: bytes, kind: str, detail: str, referrers: list[bytes]) -> VerifyProblem:
+    def problem(
+        self, oid: bytes, bad: Bad, referrers: list[bytes], canonical: bool
+    ) -> VerifyProblem:
+        kind, detail = bad
+        if kind == MALFORMED and not canonical:
+            detail = f"its links cannot be read: {detail}"
         chain = self._chain(oid)
         steps: list[str] = []
         for i, node in enumerate(chain[:-1]):
@@ -422,12 +327,10 @@ class _Namer:
     def _what(self, oid: bytes, kind: str) -> str:
         """The bad object itself, with its kind when its (damaged) bytes still name a known
         one: a flipped bit elsewhere leaves ``blob`` readable, a flipped kind does not."""
-        if kind == MISSING:
+        stored = None if kind == MISSING else self.check.stored_kind(oid)
+        if stored is None:
             return f"object {short(oid)}"
-        try:
-            k, version = encoding.kind_of(self.store.backend.get(oid))
-        except (KeyError, InvalidObject):
-            return f"object {short(oid)}"
+        k, version = stored
         if k in (BLOB, TREE):
             return f"{k} {short(oid)}"
         cls = encoding.record_class(k, version)

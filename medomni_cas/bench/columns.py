@@ -40,11 +40,19 @@ from medomni_cas.bench.records import (
 )
 from medomni_cas.bench.schemas import PREDICTION_COLUMNS, PREDICTION_SCHEMA
 from medomni_cas.errors import InvalidObject, MedomniError
+from medomni_cas.store import encoding
 from medomni_cas.store.encoding import Record
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_label
-from medomni_cas.studio.records import AnswerKey, BuildConfig, BuildResult, SetBuild, SetEntry
+from medomni_cas.studio.records import (
+    AnswerKey,
+    BuildConfig,
+    BuildResult,
+    Content,
+    SetBuild,
+    SetEntry,
+)
 
 __all__ = [
     "KEY_COLUMNS",
@@ -132,48 +140,26 @@ class ArmKey:
         }
 
 
-class _BuildView(msgspec.Struct):
+class _BuildView(encoding.View):
     """What the key needs of a `BuildResult`; its atoms left as their msgpack bytes."""
 
-    content: msgspec.msgpack.Ext
-    answer_key: msgspec.msgpack.Ext
+    __kind__ = BuildResult.__kind__
+    __version__ = BuildResult.__version__
+
+    content: ObjectId
+    answer_key: ObjectId
     atoms: msgspec.Raw
-
-
-_BUILD_VIEW = msgspec.msgpack.Decoder(tuple[str, int, _BuildView])
-_LINK = bytes([0xC7, 32, 1])  # msgpack ext 8 of 32 bytes, type 1: a link
 
 
 def _build_atoms(store: Store, result: ObjectId) -> tuple[ObjectId, ObjectId, bytes]:
     """A build's content, answer key and atom ids (concatenated), read without making an
-    object per atom: in canonical bytes the atoms are an array of 35-byte links."""
-    data = store.get_raw(result)
+    object per atom."""
     try:
-        kind, _, view = _BUILD_VIEW.decode(data)
-    except msgspec.DecodeError as e:
+        view = encoding.decode_view(store.get_raw(result), _BuildView)
+        atoms = encoding.link_array(view.atoms)
+    except InvalidObject as e:
         raise InvalidObject(f"build {result}: {e}") from None
-    if kind != BuildResult.__kind__:
-        raise InvalidObject(f"object {result} is a {kind}, not a {BuildResult.__kind__}")
-    raw = bytes(view.atoms)
-    head = raw[0]
-    if 0x90 <= head <= 0x9F:
-        n, body = head - 0x90, raw[1:]
-    elif head == 0xDC:
-        n, body = int.from_bytes(raw[1:3]), raw[3:]
-    elif head == 0xDD:
-        n, body = int.from_bytes(raw[1:5]), raw[5:]
-    else:
-        raise InvalidObject(f"build {result}: its atoms are not an array")
-    items = np.frombuffer(body, dtype=np.uint8)
-    if len(items) != 35 * n:
-        raise InvalidObject(f"build {result}: its atoms are not all links")
-    items = items.reshape(n, 35)
-    if n and not (items[:, :3] == np.frombuffer(_LINK, dtype=np.uint8)).all():
-        raise InvalidObject(f"build {result}: its atoms are not all links")
-    links = (view.content, view.answer_key)
-    if any(x.code != 1 or len(x.data) != 32 for x in links):
-        raise InvalidObject(f"build {result}: its content or answer key is not a link")
-    return ObjectId(links[0].data), ObjectId(links[1].data), items[:, 3:].tobytes()
+    return view.content, view.answer_key, atoms
 
 
 def arm_key(store: Store, set_build: ObjectId, arm: str, arm_variant: str = "") -> ArmKey:
@@ -400,24 +386,20 @@ def _truth(store: Store, g: KeyGroup) -> tuple[pa.Array, pa.Array]:
 _F64 = pa.float64()
 
 
-class _Patients(msgspec.Struct):
-    """What the answers need of a `Content`: msgspec skips the rest undecoded."""
+class _Patients(encoding.View):
+    """What the answers need of a `Content`: the rest is skipped undecoded."""
+
+    __kind__ = Content.__kind__
+    __version__ = Content.__version__
 
     patients: tuple[str, ...]
 
 
-_PATIENTS = msgspec.msgpack.Decoder(tuple[str, int, _Patients])
-
-
 def _patients(store: Store, content: ObjectId) -> tuple[str, ...]:
-    data = store.get_raw(content)
     try:
-        kind, _, body = _PATIENTS.decode(data)
-    except msgspec.DecodeError as e:
+        return encoding.decode_view(store.get_raw(content), _Patients).patients
+    except InvalidObject as e:
         raise InvalidObject(f"content {content}: {e}") from None
-    if kind != "medomni.content":
-        raise InvalidObject(f"object {content} is a {kind}, not a medomni.content")
-    return body.patients
 
 
 def answer_columns(

@@ -141,7 +141,7 @@ class Backend(ABC):
     def reader_url(self) -> str | None:
         """A URL that this class's ``from_url`` opens in another process on this machine to
         read the same objects while this one is open, when sharing big reads among processes
-        pays (a local database; see `medomni_cas.store._helpers`); None when it does not."""
+        pays (a local database; see `medomni_cas.store._fast.pool`); None when it does not."""
         return None
 
     def remove_orphans(self, older_than: float) -> int:

@@ -29,15 +29,23 @@ from medomni_cas.store.ids import ID_SIZE, ObjectId
 
 __all__ = [
     "BLOB",
+    "BLOB_PREFIX",
     "LINK_EXT",
+    "LINK_MARK",
     "TREE",
     "Record",
+    "View",
     "decode",
     "decode_body",
+    "decode_view",
     "encode",
     "encode_blob_header",
     "encode_object",
+    "has_suspect_float",
+    "is_kind_name",
     "kind_of",
+    "link_array",
+    "link_frame",
     "links",
     "record_class",
     "record_modules",
@@ -75,8 +83,10 @@ _ENVELOPE = msgspec.msgpack.Decoder(tuple[str, int, msgspec.Raw])
 # A float64 whose exponent bits are all ones (NaN, +-inf), or negative zero. A match may be
 # a false positive inside a string or blob; only then do we pay for a full decode.
 _SUSPECT_FLOAT = re.compile(rb"\xcb(?:[\x7f\xff][\xf0-\xff]|\x80\x00{7})")
-_LINK_MARK = bytes([0xC7, ID_SIZE, LINK_EXT])
-_BLOB_PREFIX = b"\x93\xa4blob\x01"  # fixarray(3), fixstr "blob", positive fixint 1
+#: The 3 bytes that open every link: msgpack ext 8 of 32 bytes, type `LINK_EXT`.
+LINK_MARK = bytes([0xC7, ID_SIZE, LINK_EXT])
+#: The bytes that open every blob: fixarray(3), fixstr "blob", positive fixint 1.
+BLOB_PREFIX = b"\x93\xa4blob\x01"
 
 # kind -> version -> class, and the kinds that are not records (raw body types)
 _REGISTRY: dict[str, dict[int, type[Record]]] = {}
@@ -117,6 +127,11 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return record_html(self)
 
 
+def is_kind_name(kind: str) -> bool:
+    """Whether ``kind`` is a well-formed kind name: lowercase words joined by ``-`` or ``.``."""
+    return _KIND_RE.match(kind) is not None
+
+
 def record_class(kind: str, version: int) -> type[Record] | None:
     return _REGISTRY.get(kind, {}).get(version)
 
@@ -141,6 +156,13 @@ def _find_bad_float(value: Any, path: str) -> str | None:
             if (bad := _find_bad_float(v, f"{path}[{i}]")) is not None:
                 return bad
     return None
+
+
+def has_suspect_float(data: bytes) -> bool:
+    """Whether ``data`` may hold a float that has no canonical form (NaN, an infinity,
+    -0.0). False is certain; True may be such bytes inside a string or an id, which only a
+    decode tells apart."""
+    return _SUSPECT_FLOAT.search(data) is not None
 
 
 def _check_floats(data: bytes, kind: str) -> None:
@@ -174,19 +196,19 @@ def encode(record: Record) -> bytes:
 def encode_blob_header(size: int) -> bytes:
     """The bytes that precede a blob's data in its canonical form (msgpack bin header)."""
     if size < 0x100:
-        return _BLOB_PREFIX + b"\xc4" + size.to_bytes(1, "big")
+        return BLOB_PREFIX + b"\xc4" + size.to_bytes(1, "big")
     if size < 0x10000:
-        return _BLOB_PREFIX + b"\xc5" + size.to_bytes(2, "big")
+        return BLOB_PREFIX + b"\xc5" + size.to_bytes(2, "big")
     if size < 0x100000000:
-        return _BLOB_PREFIX + b"\xc6" + size.to_bytes(4, "big")
+        return BLOB_PREFIX + b"\xc6" + size.to_bytes(4, "big")
     raise InvalidObject(f"a single blob object holds at most 4 GiB, got {size} bytes")
 
 
 def blob_data(data: bytes | memoryview) -> memoryview:
     """The payload of a blob object's canonical bytes (no copy)."""
     mv = memoryview(data)
-    n = len(_BLOB_PREFIX)
-    if bytes(mv[:n]) != _BLOB_PREFIX:
+    n = len(BLOB_PREFIX)
+    if bytes(mv[:n]) != BLOB_PREFIX:
         raise InvalidObject("not a blob object")
     marker = mv[n]
     width = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(marker)
@@ -201,7 +223,7 @@ def blob_data(data: bytes | memoryview) -> memoryview:
 
 def kind_of(data: bytes | memoryview) -> tuple[str, int]:
     """The kind and version of canonical bytes, without decoding the body."""
-    if bytes(memoryview(data)[: len(_BLOB_PREFIX)]) == _BLOB_PREFIX:
+    if bytes(memoryview(data)[: len(BLOB_PREFIX)]) == BLOB_PREFIX:
         return BLOB, 1
     try:
         kind, version, _ = _ENVELOPE.decode(data)
@@ -246,6 +268,99 @@ def decode_body[T](data: bytes | memoryview, cls: type[T]) -> T:
         raise InvalidObject(f"malformed {kind} object: {e}") from None
 
 
+# -- partial decoding ------------------------------------------------------------------------
+class View(msgspec.Struct):
+    """Some fields of one record kind, read by `decode_view` without decoding the others.
+
+    Subclasses set ``__kind__`` (and ``__version__``) to those of the record they read, and
+    declare the fields they need under the record's names and types: a link as `ObjectId`,
+    or ``msgspec.Raw`` to keep a value's bytes (an array of links for `link_array`, say). A
+    field the record omits at its default needs the same default here (for a ``Raw``, its
+    bytes: ``msgspec.Raw(b"\\x90")`` for an empty array). A view is not a record: it is never
+    registered, encoded or hashed.
+    """
+
+    __kind__: ClassVar[str]
+    __version__: ClassVar[int] = 1
+
+
+_VIEWS: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def decode_view[V: View](data: bytes | memoryview, view: type[V]) -> V:
+    """The fields of ``view`` read from canonical bytes, checking their kind and version
+    (`InvalidObject` for another kind, or bytes that do not hold the view's fields)."""
+    dec = _VIEWS.get(view)
+    if dec is None:
+        dec = _VIEWS[view] = msgspec.msgpack.Decoder(
+            tuple[str, int, view], ext_hook=_ext_hook, dec_hook=_dec_hook
+        )
+    want = (view.__kind__, view.__version__)
+    try:
+        kind, version, body = dec.decode(data)
+    except msgspec.DecodeError as e:  # a validation error too: say first if it is the kind
+        kind, version = kind_of(data)
+        if (kind, version) == want:
+            raise InvalidObject(f"malformed {kind} object: {e}") from None
+        body = None
+    if (kind, version) != want:
+        raise InvalidObject(f"object is a {kind} v{version}, not a {want[0]} v{want[1]}")
+    return body  # type: ignore[no-any-return]
+
+
+_ITEM = len(LINK_MARK) + ID_SIZE  # one link in canonical bytes
+
+
+def link_array(raw: bytes | memoryview) -> bytes:
+    """The ids in ``raw``, the bytes of a msgpack array of links (a `View` field typed
+    ``msgspec.Raw``), back to back, 32 bytes each: no object per link. `InvalidObject`
+    unless ``raw`` is such an array and every item in it is a link."""
+    raw = bytes(raw)
+    head = raw[0] if raw else -1
+    if 0x90 <= head <= 0x9F:  # fixarray
+        n, start = head - 0x90, 1
+    elif head == 0xDC:  # array 16
+        n, start = int.from_bytes(raw[1:3], "big"), 3
+    elif head == 0xDD:  # array 32
+        n, start = int.from_bytes(raw[1:5], "big"), 5
+    else:
+        raise InvalidObject("not an array")
+    body = raw[start:]
+    if len(body) != _ITEM * n or any(
+        body[i::_ITEM] != LINK_MARK[i : i + 1] * n for i in range(len(LINK_MARK))
+    ):
+        raise InvalidObject("not an array of links")
+    ids = bytearray(body)
+    for width in range(_ITEM, ID_SIZE, -1):  # each item's first byte, in C: 35, 34, 33
+        del ids[::width]
+    return bytes(ids)
+
+
+def link_frame(record: Record, field: str) -> tuple[bytes, bytes]:
+    """The canonical bytes of ``record`` before and after the 32 bytes of the id in
+    ``field``: ``head + id + tail`` is the record with any other id there, and ``head`` ends
+    with the link's `LINK_MARK`. Fields are in the bytes sorted by name and a link has a
+    fixed length, so no other byte depends on that id: a caller hashing many records that
+    differ only there makes the frame once. `InvalidObject` if ``field`` holds no link."""
+    cls = type(record)
+    names = {f.name: f.encode_name for f in msgspec.structs.fields(cls)}
+    if field not in names:
+        raise ValueError(f"{cls.__name__} has no field {field!r}")
+    oid = getattr(record, field)
+    if type(oid) is not ObjectId:
+        raise InvalidObject(f"{cls.__name__}.{field} holds no link")
+    data = encode(record)
+    body = _GENERIC.decode(data)[2]  # a map in the order of the bytes
+    keys = list(body)
+    after = keys[keys.index(names[field]) + 1 :]
+    # a map's bytes are its pairs' bytes one after the other
+    tail = b"".join(_ENCODER.encode(k) + _ENCODER.encode(body[k]) for k in after)
+    cut = len(data) - len(tail)
+    if data[cut:] != tail or data[cut - _ITEM : cut] != LINK_MARK + oid:
+        raise AssertionError(f"{cls.__name__}.{field}: the link is not where it sorts")
+    return data[: cut - ID_SIZE], tail
+
+
 def _collect(value: Any, out: dict[ObjectId, None]) -> None:
     if type(value) is ObjectId:
         out[value] = None
@@ -259,9 +374,9 @@ def _collect(value: Any, out: dict[ObjectId, None]) -> None:
 
 def links(data: bytes | memoryview) -> list[ObjectId]:
     """The ids an object links to, in order of first appearance, without its schema."""
-    if _LINK_MARK not in data:  # blobs and leaf records: no decode at all
+    if LINK_MARK not in data:  # blobs and leaf records: no decode at all
         return []
-    if bytes(memoryview(data)[: len(_BLOB_PREFIX)]) == _BLOB_PREFIX:
+    if bytes(memoryview(data)[: len(BLOB_PREFIX)]) == BLOB_PREFIX:
         return []
     out: dict[ObjectId, None] = {}
     try:

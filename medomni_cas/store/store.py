@@ -22,7 +22,7 @@ from medomni_cas.errors import (
     NotFound,
 )
 from medomni_cas.store import encoding
-from medomni_cas.store._links import batch_links, mismatches, unseen
+from medomni_cas.store._fast import BatchReader, mismatches, unseen
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.blobs import BlobReader, put_blob
 from medomni_cas.store.encoding import BLOB, TREE, Record
@@ -323,11 +323,13 @@ class Store:
                 seen.add(oid)
                 frontier.append(oid)
         count = 0
+        reader = BatchReader()
         while frontier:
             nxt: list[bytes] = []
             for i in range(0, len(frontier), _BATCH):
                 links: list[bytes] = []
-                for oid, data in self._walk_batch(frontier[i : i + _BATCH], allow_missing, links):
+                batch = frontier[i : i + _BATCH]
+                for oid, data in self._walk_batch(batch, allow_missing, links, reader):
                     count += 1
                     yield oid, data
                 nxt += unseen(seen, links)
@@ -336,17 +338,17 @@ class Store:
             frontier = nxt
 
     def _walk_batch(
-        self, keys: list[bytes], allow_missing: bool, links: list[bytes]
+        self, keys: list[bytes], allow_missing: bool, links: list[bytes], reader: BatchReader
     ) -> Iterator[tuple[ObjectId, bytes | None]]:
         """``(id, verified bytes or None)`` of each key, in order; then the links of the batch
         are put in ``links`` (each object's in the order of its bytes). The batch is read,
-        hashed and its links found in a few C-level passes (`_links`), and each problem is
+        hashed and its links found in a few C-level passes (``reader``), and each problem is
         raised when its object's turn comes, as reading one object at a time would."""
         got = self.backend.get_list(keys)
         present = [data is not None for data in got]  # not truthiness: b"" is an object
         datas: list[bytes] = list(compress(got, present))  # type: ignore[arg-type]
         corrupt = set(mismatches(list(compress(keys, present)), datas))
-        found, _, errors = batch_links(datas, ordered=True)
+        found, _, errors = reader.links(datas, ordered=True)
         j = 0
         for key, here in zip(keys, present, strict=True):
             oid = key if type(key) is ObjectId else id_from_digest(key)

@@ -45,7 +45,7 @@ import msgspec
 
 from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
-from medomni_cas.store._links import batch_check, mismatches
+from medomni_cas.store._fast import BatchReader, mismatches
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
@@ -154,6 +154,7 @@ class _Sender:
         self.buffer_bytes = 0
         self.read_batch = _FIRST_READ
         self.checked = self.sent = self.nbytes = 0
+        self.reader = BatchReader()
 
     def run(self, roots: Iterable[bytes]) -> None:
         roots = list(dict.fromkeys(roots))
@@ -207,7 +208,7 @@ class _Sender:
 
     def _read(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes, list[bytes]]]:
         """``(key, bytes, links)`` of each key, checked (hashed, canonical): a batch at a time
-        in a few C-level passes (`_links.batch_check`), each problem raised when its object's
+        in a few C-level passes (`BatchReader.check`), each problem raised when its object's
         turn comes."""
         got = self.src.backend.get_list(keys)
         if None in got:  # not truthiness: b"" is an object
@@ -215,7 +216,7 @@ class _Sender:
             raise NotFound("object", f"{bytes(key).hex()} (in {self.src.url})")
         datas: list[bytes] = got  # type: ignore[assignment]
         corrupt = set(mismatches(keys, datas))
-        ids, owners, unsure = batch_check(datas)
+        ids, owners, unsure = self.reader.check(datas)
         doubtful = set(unsure)
         links: list[list[bytes]] = [[] for _ in keys]
         for link, owner in zip(ids, owners, strict=True):

@@ -1,39 +1,46 @@
 """Verification: re-hash stored objects, check they decode, and check that closures are whole.
 
-`fsck` checks every object a backend holds and the closure of every ref; `verify_closure`
-checks only what some roots reach (an audit of one result). Both read through the backend
-in batches and never raise for a bad object: each finding becomes a `Problem` in the report.
+`walk_checked` is the one checked walk: it reads the closure of some roots through the
+backend in batches, re-hashes and decodes each object once, and never raises for a bad
+object; it returns a `ClosureCheck` saying which objects are bad and, when asked, how each
+object was reached. `fsck` (every object a backend holds and the closure of every ref),
+`verify_closure` (the closure of some roots) and `medomni_cas.audit.verify` (a result) are
+built on it, and only name what it found.
 
-Order of work: first the closures are walked (so a problem found there names the ref and the
-parent that reach it), then `fsck` lists the backend and checks the objects the walk did not
-reach. `fsck` walks the closures of all refs at once first, and walks them again one ref at a
-time only when that finds a problem, to name the ref. A walk reads, hashes and decodes each
-object once. A batch is worked in a few C-level passes (`medomni_cas.store._checks`,
-`medomni_cas.store._links`), here or, for the big levels of a walk and the listing, in helper
-processes (`medomni_cas.store._helpers`, when the store is a local database): hashed and
-compared with its keys in one go, then each kind's objects decoded by a mirror of their
-record class and re-encoded, which is the canonical check and gives their links; a kind
-without a mirror is checked by one decode whose extension hook notes the links and one
-re-encode, once one object of the kind has passed the full check
-(`encoding.validate_canonical`, then `encoding.links`). Any doubt sends an object through
-the full check, which says what is wrong with it. Links met before are dropped by set
-operations; the object that links a missing one is looked for only when one is missing (the
-level above is read again).
+Order of work
+    First the closures are walked, so that a problem found there names the ref and the
+    parent that reach it; then `fsck` lists the backend and checks the objects the walk did
+    not reach. `fsck` walks the closures of all refs at once first, and again one ref at a
+    time only when that finds a problem, to name the ref.
+
+A batch
+    Hashed and compared with its keys in one go, then each kind's objects decoded by a
+    mirror of their record class and re-encoded, which is the canonical check and gives
+    their links; a kind without a mirror is checked by one decode whose extension hook notes
+    the links and one re-encode, once one object of the kind has passed the full check
+    (`encoding.validate_canonical`, then `encoding.links`). Any doubt sends an object through
+    the full check, which says what is wrong with it. This is the store's private
+    `medomni_cas.store._fast`, here or, for the big levels of a walk and the listing, in
+    helper processes (when the store is a local database).
+
+Parents
+    Links met before are dropped by set operations. The object that links a missing one is
+    looked for only when one is missing (the level above is read again), unless the walk
+    keeps every object's first linker (``parents=True``, to name paths).
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from itertools import compress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
-from medomni_cas.store._checks import Findings
-from medomni_cas.store._helpers import BATCH as _BATCH
-from medomni_cas.store._helpers import Helpers
-from medomni_cas.store._links import batch_links, unseen
+from medomni_cas.errors import InvalidObject
+from medomni_cas.store import encoding
+from medomni_cas.store._fast import BATCH, BatchReader, CheckPool, Findings, new_links, unseen
 from medomni_cas.store.ids import ID_SIZE, ObjectId, parse_id
 
 if TYPE_CHECKING:
@@ -44,10 +51,13 @@ __all__ = [
     "DANGLING_REF",
     "MALFORMED",
     "MISSING",
+    "Bad",
+    "ClosureCheck",
     "FsckReport",
     "Problem",
     "fsck",
     "verify_closure",
+    "walk_checked",
 ]
 
 CORRUPT = "corrupt"
@@ -76,142 +86,172 @@ class FsckReport(msgspec.Struct):
     problems: list[Problem]
 
 
-class _Checker:
-    """Checks objects once each and collects problems, one per id."""
+class Bad(NamedTuple):
+    """What is wrong with one object of a closure."""
 
-    def __init__(self, store: Store, progress: Progress | None, jobs: int | None) -> None:
-        self.backend = store.backend
-        self.progress = progress
-        self.seen: set[bytes] = set()
-        self.absent: set[bytes] = set()
-        self.bad: set[bytes] = set()  # corrupt or malformed: their links are not followed
-        self.checked = 0
-        self.problems: dict[tuple[str, str], Problem] = {}
-        self.helpers = Helpers(self.backend, canonical=True, jobs=jobs)
+    kind: str  # CORRUPT, MISSING or MALFORMED
+    detail: str  # corrupt: what its bytes hash to (hex); malformed: what is wrong; else ""
 
-    def report(self, kind: str, key: str, message: str, ref: str = "") -> None:
-        self.problems.setdefault((kind, key), Problem(kind, key, message, ref))
 
-    def findings(self, f: Findings, where: str, ref: str) -> list[bytes]:
-        """Report a batch's corrupt and malformed objects; its links (its absent objects
-        are the caller's: a walk names who links them, a scan re-reads them)."""
-        self.checked += f.objects
-        for key, digest in f.corrupt:
-            oid = key.hex()
-            self.report(
-                CORRUPT, oid, f"object {oid} is corrupt{where}: its bytes hash to {digest}", ref
+# -- the walk -----------------------------------------------------------------------------------
+class ClosureCheck:
+    """What `walk_checked` found.
+
+    ``bad`` maps each bad object met to what is wrong with it, in the order they were found
+    (the objects below a corrupt or malformed one are not followed through it: its links
+    cannot be trusted). ``parent`` maps an object to the object that first linked it (None
+    for a root): for every object met with ``parents``, else for the missing ones only.
+    ``objects`` and ``nbytes`` count what was read; ``processes`` the processes that read it.
+    """
+
+    def __init__(self, store: Store, parents: bool) -> None:
+        self.store = store
+        self.bad: dict[bytes, Bad] = {}
+        self.parent: dict[bytes, bytes | None] = {}
+        self.objects = 0
+        self.nbytes = 0
+        self.processes = 1
+        self.parents = parents
+        # with parents: each batch's sound keys and the owner of each link found in it, the
+        # objects with links that `referrers` reads again
+        self._read: list[tuple[list[bytes], list[int]]] = []
+
+    def referrers(self) -> dict[bytes, list[bytes]]:
+        """Every sound object of the closure that links each bad one (a shared blob is
+        linked by many runs), in walk order. Needs ``parents``; reads the objects with
+        links a second time (only worth it when something is wrong)."""
+        if not self.parents:
+            raise ValueError("referrers needs a walk with parents=True")
+        out: dict[bytes, list[bytes]] = {k: [] for k in self.bad}
+        linkers = [k for keys, owners in self._read for k in map(keys.__getitem__, set(owners))]
+        reader = BatchReader()
+        for i in range(0, len(linkers), BATCH):
+            keys, datas, _ = _present(
+                linkers[i : i + BATCH], self.store.backend.get_list(linkers[i : i + BATCH])
             )
-            self.bad.add(key)
-        for key, e in f.malformed:
-            oid = key.hex()
-            self.report(MALFORMED, oid, f"object {oid}{where}: {e}", ref)
-            self.bad.add(key)
-        self._tick()
-        return f.links
+            sound = [k not in self.bad for k in keys]
+            keys, datas = list(compress(keys, sound)), list(compress(datas, sound))
+            ids, owners, _ = reader.links(datas, ordered=True)
+            for link, owner in dict.fromkeys(zip(ids, owners, strict=True)):
+                if link in out:
+                    out[link].append(keys[owner])
+        return out
 
-    def _ids(self, keys: list[bytes]) -> list[bytes]:
-        """The keys that are ids; the others (listed by a damaged store) reported."""
-        if set(map(len, keys)) <= {ID_SIZE}:
-            return keys
-        for key in keys:
-            if len(key) != ID_SIZE:
-                self.report(
-                    MALFORMED, key.hex(), f"stored key {key.hex()} of {len(key)} bytes is not an id"
-                )
-        return [k for k in keys if len(k) == ID_SIZE]
+    def stored_kind(self, oid: bytes) -> tuple[str, int] | None:
+        """The kind and version that the stored bytes of ``oid`` name, unverified (a bad
+        object's too: a flipped bit elsewhere leaves its header readable); None when they
+        are absent or name none."""
+        try:
+            return encoding.kind_of(self.store.backend.get(oid))
+        except (KeyError, InvalidObject):
+            return None
 
-    # -- walks ---------------------------------------------------------------------------------
-    def walk(self, roots: Iterable[tuple[ObjectId, str]]) -> None:
-        """Check the closure of each ``(root, ref name or "")``, reporting missing links."""
-        for root, ref in roots:
-            if root in self.seen:
-                if ref and root in self.absent:  # another ref reached it first
-                    self._report_missing(root, None, ref)
-                continue
-            self.seen.add(root)
-            self._closure([root], f" (reached from ref {ref})" if ref else "", ref)
 
-    def walk_together(self, roots: Iterable[bytes]) -> None:
-        """Check the closures of all ``roots`` as one walk, each level of all of them read in
-        batches (a store's 100,000 slot refs are otherwise 100,000 small walks); a problem
-        found this way names no ref."""
-        frontier = [r for r in dict.fromkeys(roots) if r not in self.seen]
-        self.seen.update(frontier)
-        self._closure(frontier, "", "")
+class _Walk:
+    """Checks closures, each object once, into a `ClosureCheck`; holds the pool of
+    processes that check its batches (closed with the walk)."""
 
-    def _closure(self, frontier: list[bytes], via: str, ref: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        canonical: bool,
+        parents: bool = False,
+        jobs: int | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.check = ClosureCheck(store, parents)
+        # with parents, owners are kept, and only this process keeps them
+        self.pool = CheckPool(store.backend, canonical, 1 if parents else jobs)
+        self.reader = BatchReader(self.pool.checker.exact)  # the level above, read again
+        self.progress = progress
+        self.seen: set[bytes] = set()  # without parents (``check.parent`` is the set then)
+        self._new: list[bytes] = []
+
+    def __enter__(self) -> _Walk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.close()
+        self.check.processes = 1 + self.pool.helped
+
+    def met(self, oid: bytes) -> bool:
+        return oid in (self.check.parent if self.check.parents else self.seen)
+
+    def walk(self, roots: Iterable[bytes]) -> list[bytes]:
+        """Check the closures of ``roots`` as one walk, breadth first, each level in
+        batches (a store's 100,000 slot refs are otherwise 100,000 small walks); return
+        the objects it found bad, in order. What an earlier walk met is not read again."""
+        self._new = []
+        frontier = [r for r in dict.fromkeys(roots) if not self.met(r)]
+        if self.check.parents:
+            self.check.parent.update(dict.fromkeys(frontier))
+        else:
+            self.seen.update(frontier)
         above: list[bytes] = []  # the level above the frontier
         while frontier:
             # read close together in key order (LMDB's page order, ~1.5x faster)
             frontier.sort(key=_FIRST_BYTE)
             nxt: list[bytes] = []
             gone: list[bytes] = []
-            for f in self.helpers.check(frontier):
+            for f in self.pool.check(frontier, owners=self.check.parents):
+                self._note(f, absent=True)
                 gone += f.absent
-                nxt += unseen(self.seen, self.findings(f, via, ref))
-            if gone:
-                self._report_gone(gone, above, ref)
+                if not f.links:
+                    continue
+                if self.check.parents:
+                    self.check._read.append((f.sound, f.owners))
+                    nxt += new_links(self.check.parent, f.sound, f.links, f.owners)
+                else:
+                    nxt += unseen(self.seen, f.links)
+            if gone and above and not self.check.parents:
+                self.check.parent.update(self._first_linkers(set(gone), above))
             above, frontier = frontier, nxt
+        return self._new
 
-    def _report_gone(self, gone: list[bytes], above: list[bytes], ref: str) -> None:
-        """Report missing objects, each with the object above that links it first."""
-        self.absent.update(gone)
-        parents = self._first_linkers(set(gone), above) if above else {}
-        for oid in gone:
-            parent = parents.get(oid)
-            self._report_missing(ObjectId(oid), parent and ObjectId(parent), ref)
+    def scan(self, keys: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+        """Check ``keys`` without following their links: ``(bad, absent)``, the keys found
+        bad and those that could not be read (a walk would call them missing)."""
+        self._new = []
+        absent: list[bytes] = []
+        for f in self.pool.check(keys):
+            absent += f.absent
+            self._note(f, absent=False)
+        return self._new, absent
+
+    def _note(self, f: Findings, *, absent: bool) -> None:
+        """Count a batch's objects and note its bad ones."""
+        check, new = self.check, self._new
+        check.objects += f.objects
+        check.nbytes += f.nbytes
+        for key in f.absent if absent else ():
+            check.bad[key] = Bad(MISSING, "")
+            new.append(key)
+        for key, got in f.corrupt:
+            check.bad[key] = Bad(CORRUPT, got)
+            new.append(key)
+        for key, e in f.malformed:
+            check.bad[key] = Bad(MALFORMED, e)
+            new.append(key)
+        if self.progress is not None:
+            self.progress(check.objects)
 
     def _first_linkers(self, wanted: set[bytes], level: list[bytes]) -> dict[bytes, bytes]:
         """For each of ``wanted``, the first object of ``level`` (in walk order) linking it:
         the level is read again, which only happens when something is missing."""
         out: dict[bytes, bytes] = {}
-        for i in range(0, len(level), _BATCH):
-            keys, datas, _ = _present(
-                level[i : i + _BATCH], self.backend.get_list(level[i : i + _BATCH])
-            )
-            sound = [k not in self.bad for k in keys]
+        backend, bad = self.check.store.backend, self.check.bad
+        for i in range(0, len(level), BATCH):
+            keys, datas, _ = _present(level[i : i + BATCH], backend.get_list(level[i : i + BATCH]))
+            sound = [k not in bad for k in keys]
             keys, datas = list(compress(keys, sound)), list(compress(datas, sound))
-            ids, owners, _ = batch_links(datas, ordered=True)
+            ids, owners, _ = self.reader.links(datas, ordered=True)
             for link, owner in zip(ids, owners, strict=True):
                 if link in wanted and link not in out:
                     out[link] = keys[owner]
             if len(out) == len(wanted):
                 break
         return out
-
-    def _report_missing(self, oid: ObjectId, parent: ObjectId | None, ref: str) -> None:
-        if parent is not None:
-            via = f", reached from ref {ref}" if ref else ""
-            self.report(
-                MISSING, oid.hex(), f"object {oid} is missing (linked from {parent}{via})", ref
-            )
-        elif ref:
-            self.report(DANGLING_REF, ref, f"ref {ref} points to {oid}, which is not stored", ref)
-        else:
-            self.report(MISSING, oid.hex(), f"root object {oid} is missing")
-
-    def scan(self) -> None:
-        """Check every stored object the walk did not reach."""
-        keys = self._ids([k for k in self.backend.iter_keys() if k not in self.seen])
-        for f in self.helpers.check(keys):
-            for key in f.absent:
-                # Listed but unreadable: gone since the listing (a concurrent gc), or its
-                # bytes are lost (an LMDB large-object marker without its file).
-                if self.backend.contains(key):
-                    self.report(
-                        MISSING,
-                        bytes(key).hex(),
-                        f"object {bytes(key).hex()} is listed but its bytes cannot be read",
-                    )
-            self.findings(f, "", "")
-
-    def _tick(self) -> None:
-        if self.progress:
-            self.progress(self.checked)
-
-    def result(self, refs: int) -> FsckReport:
-        problems = list(self.problems.values())
-        return FsckReport(ok=not problems, objects=self.checked, refs=refs, problems=problems)
 
 
 def _present(
@@ -225,25 +265,116 @@ def _present(
     return list(compress(keys, here)), list(compress(got, here)), absent  # type: ignore[arg-type]
 
 
+def walk_checked(
+    store: Store,
+    roots: Iterable[ObjectId],
+    *,
+    canonical: bool,
+    parents: bool = False,
+    jobs: int | None = None,
+    progress: Progress | None = None,
+) -> ClosureCheck:
+    """Check the closure of ``roots``: every object's bytes hash to its id, its links can be
+    read (with ``canonical``, it is in canonical form: several times the cost), and every
+    linked object is present. One walk, breadth first; nothing raised for a bad object.
+
+    ``parents`` keeps the object that first links each one (to name paths; the walk is then
+    this process's only). ``jobs`` is how many processes may share the work (default: one
+    per core, up to 4; 1: this process only); ``progress`` gets the objects read so far.
+    """
+    with _Walk(store, canonical=canonical, parents=parents, jobs=jobs, progress=progress) as w:
+        w.walk(roots)
+    return w.check
+
+
+# -- fsck and verify_closure ----------------------------------------------------------------------
+class _Problems:
+    """The problems of a check, one per (kind, id), as `Problem` records."""
+
+    def __init__(self, check: ClosureCheck) -> None:
+        self.check = check
+        self.found: dict[tuple[str, str], Problem] = {}
+
+    def add(self, kind: str, key: str, message: str, ref: str = "") -> None:
+        self.found.setdefault((kind, key), Problem(kind, key, message, ref))
+
+    def bad(self, ids: list[bytes], ref: str) -> None:
+        """Report the objects of ``ids`` found bad by a walk from ``ref`` (or "")."""
+        where = f" (reached from ref {ref})" if ref else ""
+        for key in ids:
+            kind, detail = self.check.bad[key]
+            oid = key.hex()
+            if kind == CORRUPT:
+                self.add(
+                    CORRUPT, oid, f"object {oid} is corrupt{where}: its bytes hash to {detail}", ref
+                )
+            elif kind == MALFORMED:
+                self.add(MALFORMED, oid, f"object {oid}{where}: {detail}", ref)
+            else:
+                self.missing(key, self.check.parent.get(key), ref)
+
+    def missing(self, key: bytes, parent: bytes | None, ref: str) -> None:
+        """Report a missing object: linked from ``parent``, or (None) a root of ``ref``."""
+        oid = key.hex()
+        if parent is not None:
+            via = f", reached from ref {ref}" if ref else ""
+            self.add(
+                MISSING, oid, f"object {oid} is missing (linked from {parent.hex()}{via})", ref
+            )
+        elif ref:
+            self.add(DANGLING_REF, ref, f"ref {ref} points to {oid}, which is not stored", ref)
+        else:
+            self.add(MISSING, oid, f"root object {oid} is missing")
+
+    def report(self, refs: int) -> FsckReport:
+        problems = list(self.found.values())
+        return FsckReport(ok=not problems, objects=self.check.objects, refs=refs, problems=problems)
+
+
 def fsck(store: Store, *, progress: Progress | None = None, jobs: int | None = None) -> FsckReport:
     """Re-hash every stored object, check it decodes and is canonical, and check that the
     closure of every ref is complete. ``progress`` gets the number of objects checked;
-    ``jobs`` is how many processes may share the work (`medomni_cas.store._helpers`;
-    default: one per core, up to 4; 1: this process only)."""
+    ``jobs`` is how many processes may share the work (default: one per core, up to 4; 1:
+    this process only)."""
     refs = list(store.refs.items())
-    fast = _Checker(store, progress, jobs)
-    with fast.helpers:
-        fast.walk_together(oid for _, oid in refs)
-        if not fast.problems:
-            fast.scan()
-            return fast.result(len(refs))
+    with _Walk(store, canonical=True, jobs=jobs, progress=progress) as fast:
+        fast.walk(oid for _, oid in refs)
+        if not fast.check.bad:
+            found = _Problems(fast.check)
+            _scan(fast, found)
+            return found.report(len(refs))
     # something is wrong: walked again one ref at a time, so that each problem names the ref
     # that reaches it first (which the walk of all at once does not know)
-    checker = _Checker(store, progress, jobs)
-    with checker.helpers:
-        checker.walk((oid, name) for name, oid in refs)
-        checker.scan()
-    return checker.result(len(refs))
+    with _Walk(store, canonical=True, jobs=jobs, progress=progress) as w:
+        found = _Problems(w.check)
+        for name, oid in refs:
+            if not w.met(oid):
+                found.bad(w.walk([oid]), name)
+            elif (bad := w.check.bad.get(oid)) is not None and bad.kind == MISSING:
+                found.missing(oid, None, name)  # another ref reached it first
+        _scan(w, found)
+    return found.report(len(refs))
+
+
+def _scan(w: _Walk, found: _Problems) -> None:
+    """Check every stored object the walk did not reach."""
+    backend = w.check.store.backend
+    keys = [k for k in backend.iter_keys() if not w.met(k)]
+    if not set(map(len, keys)) <= {ID_SIZE}:  # listed by a damaged store
+        for key in keys:
+            if len(key) != ID_SIZE:
+                found.add(
+                    MALFORMED, key.hex(), f"stored key {key.hex()} of {len(key)} bytes is not an id"
+                )
+        keys = [k for k in keys if len(k) == ID_SIZE]
+    bad, absent = w.scan(keys)
+    for key in absent:
+        # Listed but unreadable: gone since the listing (a concurrent gc), or its bytes are
+        # lost (an LMDB large-object marker without its file).
+        if backend.contains(key):
+            oid = bytes(key).hex()
+            found.add(MISSING, oid, f"object {oid} is listed but its bytes cannot be read")
+    found.bad(bad, "")
 
 
 def verify_closure(
@@ -253,13 +384,9 @@ def verify_closure(
     progress: Progress | None = None,
     jobs: int | None = None,
 ) -> FsckReport:
-    """The checks of `fsck`, restricted to the closure of ``roots``."""
-    checker = _Checker(store, progress, jobs)
-    with checker.helpers:
-        checker.walk(_unreffed(roots))
-    return checker.result(0)
-
-
-def _unreffed(roots: Iterable[ObjectId | str]) -> Iterator[tuple[ObjectId, str]]:
-    for r in roots:
-        yield parse_id(r), ""
+    """The checks of `fsck`, restricted to the closure of ``roots`` (each walked in turn)."""
+    with _Walk(store, canonical=True, jobs=jobs, progress=progress) as w:
+        found = _Problems(w.check)
+        for root in roots:
+            found.bad(w.walk([parse_id(root)]), "")
+    return found.report(0)

@@ -1,15 +1,15 @@
 """One batch of a closure check: re-hash what was read, and find the links to follow.
 
-The walks of `medomni_cas.store.verify` (fsck) and `medomni_cas.audit.verify` share this step,
-and so do their helper processes (`medomni_cas.store._helpers`), so that a batch is checked
-by the same code wherever it runs. A batch's findings are data (`Findings`), never raised:
-the walk decides how to report them.
+Every walk of `medomni_cas.store.verify` takes this step, and so do the helper processes of
+its pool (`medomni_cas.store._fast.pool`), so that a batch is checked by the same code
+wherever it runs. A batch's findings are data (`Findings`), never raised: the walk decides
+how to report them.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import compress
 
@@ -18,10 +18,11 @@ import msgspec
 
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
-from medomni_cas.store._links import BLOB_PREFIX, batch_check, batch_links, mismatches
+from medomni_cas.store._fast.groups import BatchReader
+from medomni_cas.store.encoding import BLOB_PREFIX
 from medomni_cas.store.ids import ID_SIZE, ObjectId
 
-__all__ = ["BatchChecker", "Findings"]
+__all__ = ["BatchChecker", "Findings", "mismatches"]
 
 _Ext = msgspec.msgpack.Ext
 _wrap_id = partial(bytes.__new__, ObjectId)  # an id from 32 bytes (or a view of them)
@@ -45,12 +46,16 @@ class Findings(msgspec.Struct, array_like=True):
 
 
 class BatchChecker:
-    """Checks batches: bytes against ids, then links read exactly (`batch_links`), or with
-    ``canonical`` the canonical check too (`batch_check`, and the full check for anything
-    it doubts). Holds only what speeds up later batches (the kinds already checked)."""
+    """Checks batches: bytes against ids, then links read exactly (`BatchReader.links`), or
+    with ``canonical`` the canonical check too (`BatchReader.check`, and the full check for
+    anything it doubts). Holds only what speeds up later batches (its reader's hint, the
+    kinds already checked). ``exact``: by the definitions only (None: as the environment
+    says, `medomni_cas.store._fast.exact`)."""
 
-    def __init__(self, canonical: bool) -> None:
+    def __init__(self, canonical: bool, exact: bool | None = None) -> None:
         self.canonical = canonical
+        self.reader = BatchReader(exact)
+        self.exact = self.reader.exact
         # kinds without a mirror: one decode whose link hook collects the links, one
         # re-encode; kinds (with versions) are admitted to it by passing the full check once
         self._kinds: set[tuple[str, int]] = set()
@@ -77,10 +82,10 @@ class BatchChecker:
                 keep[j] = False
             keys, datas = list(compress(keys, keep)), list(compress(datas, keep))
         if self.canonical:
-            ids, own, doubtful = batch_check(datas, owners=owners)
+            ids, own, doubtful = self.reader.check(datas, owners=owners)
             for j in doubtful:
                 try:
-                    links = self.exact(datas[j])
+                    links = self.checked_links(datas[j])
                 except InvalidObject as e:
                     out.malformed.append((keys[j], str(e)))
                     continue
@@ -88,17 +93,17 @@ class BatchChecker:
                 if owners:
                     own += [j] * len(links)
         else:
-            ids, own, errors = batch_links(datas, owners=owners)
+            ids, own, errors = self.reader.links(datas, owners=owners)
             out.malformed = [(keys[j], str(e)) for j, e in errors.items()]
         out.links = ids
         if owners:
             out.owners, out.sound = own, keys
         return out
 
-    def exact(self, data: bytes) -> list[ObjectId]:
+    def checked_links(self, data: bytes) -> list[ObjectId]:
         """The links of one object after the canonical check (`InvalidObject` saying what
         is wrong): by one decode for a kind already checked, else by the full check."""
-        found = self._fast_links(data)
+        found = None if self.exact else self._fast_links(data)
         if found is not None:
             return found
         kind = encoding.validate_canonical(data)
@@ -131,6 +136,23 @@ class BatchChecker:
         except (msgspec.DecodeError, InvalidObject):
             return None
         return list(dict.fromkeys(self._found))
+
+
+def mismatches(keys: Sequence[bytes], datas: Sequence[bytes]) -> list[int]:
+    """The indexes of the ``datas`` that do not hash to their key (none, almost always:
+    then the whole check is two C-level passes and one list comparison)."""
+    # one hasher, reset after each object: a new one per object costs a quarter more
+    hasher = blake3.blake3()
+    update, digest, reset = hasher.update, hasher.digest, hasher.reset
+    digests: list[bytes] = []
+    add = digests.append
+    for data in datas:
+        update(data)
+        add(digest())
+        reset()
+    if digests == (keys if type(keys) is list else list(keys)):
+        return []
+    return [i for i, (d, k) in enumerate(zip(digests, keys, strict=True)) if d != k]
 
 
 def _noting_hook(note: Callable[[ObjectId], None]) -> Callable[[int, memoryview], _Ext]:

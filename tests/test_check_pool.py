@@ -13,9 +13,11 @@ import medomni_cas as mc
 from medomni_cas.audit.verify import verify_result
 from medomni_cas.bench.records import Result
 from medomni_cas.cli.main import main
-from medomni_cas.store import _checks, _helpers, encoding
-from medomni_cas.store._checks import BatchChecker, Findings
-from medomni_cas.store._helpers import Helpers
+from medomni_cas.store import encoding
+from medomni_cas.store._fast import check as _check
+from medomni_cas.store._fast import pool as _pool
+from medomni_cas.store._fast.check import BatchChecker, Findings
+from medomni_cas.store._fast.pool import CheckPool
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.verify import fsck, verify_closure
@@ -23,30 +25,30 @@ from tests.test_verify import _flip, _tamper, build
 
 
 @pytest.fixture
-def made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Helpers]]:
+def made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CheckPool]]:
     """Small levels and batches, so that a test's closure is shared; and a checker in this
     process that waits (up to 20 s) for the helpers to be ready before its first batch and
-    then takes its time, so that helpers always get part of the work. Yields the `Helpers`
+    then takes its time, so that helpers always get part of the work. Yields the `CheckPool`
     made by the checks under test."""
-    monkeypatch.setattr(_helpers, "MIN_LEVEL", 64)
-    monkeypatch.setattr(_helpers, "BATCH", 16)
-    made: list[Helpers] = []
-    init, call = Helpers.__init__, BatchChecker.__call__
+    monkeypatch.setattr(_pool, "MIN_LEVEL", 64)
+    monkeypatch.setattr(_pool, "BATCH", 16)
+    made: list[CheckPool] = []
+    init, call = CheckPool.__init__, BatchChecker.__call__
 
-    def recording(self: Helpers, *args: object, **kwargs: object) -> None:
+    def recording(self: CheckPool, *args: object, **kwargs: object) -> None:
         init(self, *args, **kwargs)  # type: ignore[arg-type]
         made.append(self)
 
     def slow(self: BatchChecker, keys: list[bytes], got: list, *, owners: bool = False) -> Findings:
-        for helpers in made:
-            for h in helpers._helpers:
+        for pool in made:
+            for h in pool._helpers:
                 if not h.ready:
                     h.readable(timeout=20.0)
         time.sleep(0.002)
         return call(self, keys, got, owners=owners)
 
-    monkeypatch.setattr(Helpers, "__init__", recording)
-    monkeypatch.setattr(_checks.BatchChecker, "__call__", slow)
+    monkeypatch.setattr(CheckPool, "__init__", recording)
+    monkeypatch.setattr(_check.BatchChecker, "__call__", slow)
     yield made
 
 
@@ -63,7 +65,7 @@ def _damaged(store: mc.Store) -> tuple[ObjectId, set[tuple[str, str]]]:
         root, blobs = build(store, f"t{i}", leaves=120)
         roots.append(root)
         leaves += blobs
-    junk = b"\x93\xa9test-junk\x01" + encoding._LINK_MARK + b"short"  # a cut-off link
+    junk = b"\x93\xa9test-junk\x01" + encoding.LINK_MARK + b"short"  # a cut-off link
     junk_id = hash_bytes(junk)
     store.backend.put(junk_id, junk)
     holder = store.put_object("test-helpers-holder", 1, {"see": [junk_id]})
@@ -92,7 +94,7 @@ def _damaged(store: mc.Store) -> tuple[ObjectId, set[tuple[str, str]]]:
     return result, want
 
 
-def test_verify_result_finds_the_same_with_helpers(tmp_path: Path, made: list[Helpers]) -> None:
+def test_verify_result_finds_the_same_with_helpers(tmp_path: Path, made: list[CheckPool]) -> None:
     store = _lmdb(tmp_path)
     result, want = _damaged(store)
     alone = verify_result(store, result, jobs=1)
@@ -107,7 +109,7 @@ def test_verify_result_finds_the_same_with_helpers(tmp_path: Path, made: list[He
 
 
 def test_fsck_and_verify_closure_find_the_same_with_helpers(
-    tmp_path: Path, made: list[Helpers]
+    tmp_path: Path, made: list[CheckPool]
 ) -> None:
     store = _lmdb(tmp_path)
     result, want = _damaged(store)
@@ -132,37 +134,39 @@ def _sound_keys(tmp_path: Path) -> tuple[mc.Store, list[bytes], int]:
     return store, keys, len(found.links)
 
 
-def _drain(helpers: Helpers, keys: list[bytes]) -> tuple[int, set[bytes]]:
+def _drain(pool: CheckPool, keys: list[bytes]) -> tuple[int, set[bytes]]:
     objects, links = 0, set()
-    for f in helpers.check(keys):
+    for f in pool.check(keys):
         objects += f.objects
         links.update(f.links)
     return objects, links
 
 
-def test_a_helper_that_dies_leaves_no_batch_unchecked(tmp_path: Path, made: list[Helpers]) -> None:
+def test_a_helper_that_dies_leaves_no_batch_unchecked(
+    tmp_path: Path, made: list[CheckPool]
+) -> None:
     store, keys, _ = _sound_keys(tmp_path)
-    _, every_link = _drain(Helpers(store.backend, False, 1), keys)
-    with Helpers(store.backend, False, 2) as helpers:
+    _, every_link = _drain(CheckPool(store.backend, False, 1), keys)
+    with CheckPool(store.backend, False, 2) as pool:
         objects, links = 0, set()
-        for f in helpers.check(keys):
+        for f in pool.check(keys):
             objects += f.objects
             links.update(f.links)
-            if helpers.helped and helpers._helpers:
-                helpers._helpers[0].proc.kill()  # with batches in hand
-        assert helpers.helped == 1 and helpers._helpers == []  # dropped
+            if pool.helped and pool._helpers:
+                pool._helpers[0].proc.kill()  # with batches in hand
+        assert pool.helped == 1 and pool._helpers == []  # dropped
     assert objects == len(keys)  # each batch once: none lost, none counted twice
     assert links == every_link
 
 
 def test_a_helper_that_cannot_open_the_store_is_dropped(
-    tmp_path: Path, made: list[Helpers], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, made: list[CheckPool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, keys, _ = _sound_keys(tmp_path)
     monkeypatch.setattr(LMDBBackend, "reader_url", lambda self: f"lmdb://{tmp_path}/none")
-    with Helpers(store.backend, False, 2) as helpers:
-        assert _drain(helpers, keys)[0] == len(keys)
-        assert helpers.helped == 0 and helpers._helpers == []
+    with CheckPool(store.backend, False, 2) as pool:
+        assert _drain(pool, keys)[0] == len(keys)
+        assert pool.helped == 0 and pool._helpers == []
     assert not (tmp_path / "none").exists()  # a helper only reads: it made no store
 
 
@@ -179,18 +183,18 @@ def test_a_helper_that_cannot_open_the_store_is_dropped(
 )
 def test_a_helper_that_talks_nonsense_is_dropped(
     tmp_path: Path,
-    made: list[Helpers],
+    made: list[CheckPool],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     program: str,
     why: str,
 ) -> None:
     store, keys, _ = _sound_keys(tmp_path)
-    monkeypatch.setattr(_helpers, "_COMMAND", ("-c", program))
-    with Helpers(store.backend, False, 2) as helpers:
-        assert _drain(helpers, keys)[0] == len(keys)
-        assert helpers.helped == 0 and helpers._helpers == []
-    (record,) = [r for r in caplog.records if r.name == _helpers.__name__]
+    monkeypatch.setattr(_pool, "_COMMAND", ("-c", program))
+    with CheckPool(store.backend, False, 2) as pool:
+        assert _drain(pool, keys)[0] == len(keys)
+        assert pool.helped == 0 and pool._helpers == []
+    (record,) = [r for r in caplog.records if r.name == _pool.__name__]
     assert "dropped" in record.getMessage() and why in record.getMessage()
 
 
@@ -199,16 +203,16 @@ def test_no_helper_where_it_cannot_pay(tmp_path: Path) -> None:
     for i in range(3):
         build(memory, f"m{i}", leaves=100)
     keys = list(memory.backend.iter_keys())
-    with Helpers(memory.backend, False, 4) as helpers:  # no reader_url: one process
-        assert _drain(helpers, keys)[0] == len(keys)
-        assert helpers._helpers == []
+    with CheckPool(memory.backend, False, 4) as pool:  # no reader_url: one process
+        assert _drain(pool, keys)[0] == len(keys)
+        assert pool._helpers == []
     store, keys, _ = _sound_keys(tmp_path)
-    with Helpers(store.backend, False, 1) as helpers:
-        assert _drain(helpers, keys)[0] == len(keys)
-        assert helpers._helpers == []
+    with CheckPool(store.backend, False, 1) as pool:
+        assert _drain(pool, keys)[0] == len(keys)
+        assert pool._helpers == []
     with pytest.raises(ValueError, match="jobs must be at least 1"):
-        Helpers(store.backend, False, 0)
-    assert 1 <= _helpers.default_jobs() <= 4
+        CheckPool(store.backend, False, 0)
+    assert 1 <= _pool.default_jobs() <= 4
 
 
 def test_jobs_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

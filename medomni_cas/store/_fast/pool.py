@@ -1,20 +1,23 @@
-"""Helper processes for closure checks: the big levels of a walk shared among the cores.
+"""`CheckPool`: the batches of a closure check, shared with helper processes on big levels.
 
-Checking an object costs a read, a hash and a few C-level passes (`_checks`), all under one
-interpreter lock, so one process checks at about the rate of one core. When the store is a
-local database that several processes may read at once (`Backend.reader_url`: LMDB), the
+Checking an object costs a read, a hash and a few C-level passes (`BatchChecker`), all under
+one interpreter lock, so one process checks at about the rate of one core. When the store is
+a local database that several processes may read at once (`Backend.reader_url`: LMDB), the
 big levels of a walk are shared: helper processes open the same store, check batches of ids
 with the same `BatchChecker`, and send back each batch's `Findings`. The walk stays in the
 calling process: which links are new, what is reported and how.
 
-Helpers only make a check faster; they never change its answer. One starts when a level is
-big enough to pay for its start (a new interpreter that imports the store and the record
-kinds: about 0.15 s, while this process goes on checking). A helper that fails to start,
-dies, or sends something unreadable is dropped, and the batches it held are checked here.
+Helpers
+    Helpers only make a check faster; they never change its answer. One starts when a level
+    is big enough to pay for its start (a new interpreter that imports the store and the
+    record kinds: about 0.15 s, while this process goes on checking). A helper that fails to
+    start, dies, or sends something unreadable is dropped, and the batches it held are
+    checked here.
 
-Protocol, over a helper's stdin and stdout: frames of a 4-byte little-endian length and a
-body. In: `Hello`, then batches (ids back to back, 32 bytes each). Out: `Ready`, then each
-batch's `Findings` in the order the batches came. The helper ends when its stdin closes.
+Protocol
+    Over a helper's stdin and stdout: frames of a 4-byte little-endian length and a body.
+    In: `Hello`, then batches (ids back to back, 32 bytes each). Out: `Ready`, then each
+    batch's `Findings` in the order the batches came. The helper ends when its stdin closes.
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ from typing import BinaryIO
 import msgspec
 
 from medomni_cas.store import encoding
-from medomni_cas.store._checks import BatchChecker, Findings
+from medomni_cas.store._fast.check import BatchChecker, Findings
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.ids import ID_SIZE
 
-__all__ = ["BATCH", "MIN_LEVEL", "Helpers", "default_jobs"]
+__all__ = ["BATCH", "MIN_LEVEL", "CheckPool", "default_jobs"]
 
 #: Ids per batch: enough that a batch's C-level passes dominate its Python steps.
 BATCH = 4096
@@ -51,18 +54,19 @@ _MAX_JOBS = 4  # beyond this the walk itself (new links, reports) is the bottlen
 _IN_FLIGHT = 3  # batches a helper holds: it never idles while this process checks one
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 30
-_COMMAND = ("-m", "medomni_cas.store._helpers")  # run by this interpreter
+_COMMAND = ("-m", "medomni_cas.store._fast.pool")  # run by this interpreter
 _log = logging.getLogger(__name__)
 
 
 class Hello(msgspec.Struct, array_like=True):
     """What a helper needs: the store (its backend class, as ``module:name``, and the URL
-    that class opens), the kind of check, and the modules to import so that it reads the
-    record kinds this process knows as fast as this process does."""
+    that class opens), the kind of check (canonical, exact), and the modules to import so
+    that it reads the record kinds this process knows as fast as this process does."""
 
     backend: str
     url: str
     canonical: bool
+    exact: bool
     modules: list[str]
 
 
@@ -186,14 +190,23 @@ def _read_exactly(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-class Helpers:
+class CheckPool:
     """The batches of one check, checked here by ``checker`` (a `BatchChecker`) and by the
     helper processes (started on the first big level, ended by `close`), which check the
-    same way: ``jobs`` processes in all, this one included; None for `default_jobs`."""
+    same way: ``jobs`` processes in all, this one included; None for `default_jobs`.
+    ``exact``: every check by the definitions, here and in the helpers (None: as the
+    environment says, `medomni_cas.store._fast.exact`)."""
 
-    def __init__(self, backend: Backend, canonical: bool, jobs: int | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        canonical: bool,
+        jobs: int | None = None,
+        *,
+        exact: bool | None = None,
+    ) -> None:
         self.backend = backend
-        self.checker = BatchChecker(canonical)
+        self.checker = BatchChecker(canonical, exact)
         self.jobs = default_jobs() if jobs is None else jobs
         if self.jobs < 1:
             raise ValueError(f"jobs must be at least 1, not {self.jobs}")
@@ -206,7 +219,7 @@ class Helpers:
         self._findings = msgspec.msgpack.Decoder(Findings)
         self._ready = msgspec.msgpack.Decoder(Ready)
 
-    def __enter__(self) -> Helpers:
+    def __enter__(self) -> CheckPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -251,6 +264,7 @@ class Helpers:
             f"{cls.__module__}:{cls.__qualname__}",
             self._url,
             self.checker.canonical,
+            self.checker.exact,
             encoding.record_modules(),
         )
         for _ in range(self.jobs - 1):
@@ -327,7 +341,7 @@ def _serve(inp: int, out: int) -> int:
         send(msgspec.msgpack.encode(Ready(f"cannot open {hello.url}: {e}")))
         return 1
     encode = msgspec.msgpack.Encoder(enc_hook=bytes).encode  # ObjectId is a bytes subclass
-    check = BatchChecker(hello.canonical)
+    check = BatchChecker(hello.canonical, hello.exact)
     send(msgspec.msgpack.encode(Ready()))
     try:
         while True:
