@@ -15,6 +15,7 @@ never write to the store.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import SupportsFloat, cast
 
 import msgspec
 
@@ -72,17 +73,22 @@ def judge_answer(
     return outcome, values, errors
 
 
+def _value(kind: str, value: object) -> str | float:
+    return cast(str, value) if kind == "class" else float(cast(SupportsFloat, value))
+
+
 def _predictions(
     run_id: str, spec: TrialSpec, values: Mapping[str, object], intelligence: str
 ) -> list[PredictionRecord]:
-    """One record per target the answer gives (values passed the format check)."""
-    scores: Mapping[str, Mapping[str, float]] = values.get(SCORES_KEY, {})  # type: ignore[assignment]
+    """One record per target the answer gives. The values passed the format check: a class
+    target's is a label, any other's a number, and the scores map classes to numbers."""
+    scores = cast("Mapping[str, Mapping[str, float]]", values.get(SCORES_KEY, {}))
     return [
         PredictionRecord(
             run_id=run_id,
             atom=spec.atom_id,
             target=t.name,
-            value=values[t.name] if t.kind == "class" else float(values[t.name]),  # type: ignore[arg-type]
+            value=_value(t.kind, values[t.name]),
             intelligence=intelligence,
             scores={c: float(p) for c, p in scores.get(t.name, {}).items()},
         )
