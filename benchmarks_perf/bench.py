@@ -65,7 +65,7 @@ from medomni_cas.bench.records import (
     slot_digests,
     slot_ids,
 )
-from medomni_cas.bench.replay import SLOT_REFS, slot_ref
+from medomni_cas.bench.refnames import SLOT_REFS, slot_ref
 from medomni_cas.store import encoding
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.blobs import blob_object

@@ -5,7 +5,7 @@ scorer reads (set build, build configs and results, contents, answer keys; the a
 ids only, the scorer never reads them), and 100 jobs of 100,000 rows (four agents x five
 repetitions per arm, ~70% right, 2% unanswered) whose predictions are stored the way the
 harness stores them: `PredictionColumns` in the arm's key order, the key columns made by
-`ArmKey.arrays`, so they are the answer columns' own objects.
+`ArmRows.arrays`, so they are the answer columns' own objects.
 
 Timed, each against the spec's floor of 20M rows/s:
 
@@ -40,7 +40,7 @@ from medomni_cas.bench.columns import (
     PREDICTION_COLUMNS,
     answer_columns,
     answers_ref,
-    arm_key,
+    arm_rows,
     put_columns,
     read_column,
     read_predictions,
@@ -177,7 +177,7 @@ def build_scoring(path: Path, sizes: ScoreSizes) -> ScoreSet:
     ]
     keys = {}
     for a in range(ARMS):
-        key = arm_key(store, sb, f"arm{a}")
+        key = arm_rows(store, sb, f"arm{a}")
         # the truth, as codes, from the answer keys (what a job gets right depends on it)
         truth = []
         for g in key.groups:

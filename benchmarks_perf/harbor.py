@@ -74,7 +74,7 @@ def _one(root: Path, host: str, tag: str, arm: str, concurrency: int) -> dict[st
     build_set(store, SET, studio=root / "studio", bench=root / "bench")
     before = set(store.iter_ids())
     recording = [0.0]
-    original = harness._record
+    original = harness.record_trial
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def _one(root: Path, host: str, tag: str, arm: str, concurrency: int) -> dict[st
             recording[0] += time.perf_counter() - t0
 
     runner = HarborRunner(docker_host=host, concurrency=concurrency)
-    harness._record = timed  # type: ignore[assignment]
+    harness.record_trial = timed  # type: ignore[assignment]
     try:
         t0 = time.perf_counter()
         report = harness.run_set(
@@ -98,7 +98,7 @@ def _one(root: Path, host: str, tag: str, arm: str, concurrency: int) -> dict[st
         )
         wall = time.perf_counter() - t0
     finally:
-        harness._record = original  # type: ignore[assignment]
+        harness.record_trial = original  # type: ignore[assignment]
     added = [oid for oid in store.iter_ids() if oid not in before]
     stored = sum(len(data) for _, data in store.get_raw_many(added))
     store.close()

@@ -15,18 +15,24 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 
 import medomni_cas as mc
 from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import CheckFailed, check_posix_permissions, run_set
+from medomni_cas.bench.harness.checks import oracle_answer
 from medomni_cas.bench.process import ProcessRunner
-from medomni_cas.bench.records import JobRecord, PredictionColumns, RunRecord
+from medomni_cas.bench.recording import judge_answer
+from medomni_cas.bench.records import JobRecord, Outcome, PredictionColumns, RunRecord
+from medomni_cas.bench.refnames import agent_ref
+from medomni_cas.bench.replay import source_run
 from medomni_cas.bench.runfolders import RunFolderError, import_run_folder
-from medomni_cas.bench.runners import Job, Trial
+from medomni_cas.bench.runners import Job, Trial, TrialSpec
 from medomni_cas.bench.scorer import ScoreError, jobs_of, score_jobs
 from medomni_cas.store.verify import verify_closure
+from medomni_cas.studio.records import AnswerKey, AtomTask, BuildResult, FormatCheck
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests._sets import small_tree
 
@@ -130,6 +136,12 @@ def test_replay_repeats_answers_without_a_model(
     assert [r.value for r in a] == [r.value for r in b]
     replayed = [r for r in _runs(store) if r.runner == "replay"]
     assert replayed and all(r.tokens_in == 0 and r.cost_usd == 0.0 for r in replayed)
+    # what a replay repeats: the source's run at the same repetition, else at repetition 1
+    source, atom = store.refs[agent_ref("baseline")], replayed[0].atom
+    first = source_run(store, source, atom, "no-perception", 1)
+    assert first is not None and first.agent_config == source and first.atom == atom
+    assert source_run(store, source, atom, "no-perception", 3) == first
+    assert source_run(store, source, atom, "encoders-required", 1) is None
 
 
 # -- retries, claims, kills -------------------------------------------------------------------
@@ -385,6 +397,46 @@ def test_a_served_model_that_differs_is_an_error_of_the_run(
     assert {r.outcome for r in runs} == {"agent-failed"}
     assert all("'model-b' is not the config's 'model-a'" in r.errors[-1] for r in runs)
     assert all(r.tokens_in == 5 and not r.predictions for r in runs)
+
+
+def test_the_harness_judges_answers(store: mc.Store, tree: Path) -> None:
+    """The verdict on a trial's answer: JSON, the format check, the served model; the
+    oracle's answer (from the key, outside the task) passes."""
+    result = store.get(show_set(store, SET).entries[0].result, BuildResult)
+    atom = store.get(result.atoms[0], AtomTask)
+    check = store.get(atom.format_check, FormatCheck)
+    oracle = oracle_answer(store.get(result.answer_key, AnswerKey), atom, check)
+    assert oracle is not None and set(oracle) == {t.name for t in check.targets}
+    spec = TrialSpec(mc.ObjectId(bytes(32)), 1, result.atoms[0], atom, check)
+    agent = find_agent(tree / "bench", "baseline")
+
+    def judged(
+        answer: bytes | None, outcome: Outcome = "answered", model: str = ""
+    ) -> tuple[Outcome, dict[str, object], list[str]]:
+        trial = Trial(spec.slot, 1, outcome, "t0", "t1", 0, answer=answer, errors=["runner"])
+        trial.served_model = model or agent.served_model
+        return judge_answer(spec, trial, agent)
+
+    assert judged(msgspec.json.encode(oracle)) == ("answered", oracle, ["runner"])
+    assert judged(None, "timeout") == ("timeout", {}, ["runner"])
+    outcome, values, errors = judged(b"{not json")
+    assert (outcome, values) == ("malformed", {}) and "not JSON" in errors[1]
+    outcome, values, errors = judged(b"{}")
+    assert (outcome, values) == ("malformed", {}) and errors[0] == "runner" and len(errors) > 1
+    outcome, values, errors = judged(msgspec.json.encode(oracle), model="someone-else")
+    assert (outcome, values) == ("agent-failed", {})
+    assert "'someone-else' is not the config's" in errors[-1]
+
+
+def test_the_harness_does_not_import_the_gateway() -> None:
+    """Recording reads encoder calls without the perception gateway's web stack."""
+    code = (
+        "import sys, medomni_cas.bench.harness; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn') "
+        "or m == 'medomni_cas.bench.perception'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_unknown_arms_and_agents_are_named(store: mc.Store, tree: Path, tmp_path: Path) -> None:

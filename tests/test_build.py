@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -13,7 +15,8 @@ import medomni_cas as mc
 from examples import synth
 from medomni_cas.store import trees
 from medomni_cas.studio.arms import ArmError, arm_descriptions
-from medomni_cas.studio.build import VersionError, build_pair
+from medomni_cas.studio.build import build_pair
+from medomni_cas.studio.errors import VersionError
 from medomni_cas.studio.records import AnswerKey, AtomTask, BuildResult, Content, FormatCheck
 from medomni_cas.studio.schema import SpecError
 
@@ -271,3 +274,14 @@ def test_format_check_checks_shape_only(built: tuple[mc.Store, dict[str, list]])
         "unknown target 'x'",
         "hba1c_next: '7.1' is not a number",
     ]
+
+
+def test_signoff_needs_no_build() -> None:
+    """`VersionError` lives in studio.errors: the sign-off check raises it without importing
+    Build (the two modules imported each other)."""
+    code = (
+        "import sys, medomni_cas.studio.signoff as s, medomni_cas.studio.errors as e; "
+        "print(s.VersionError is e.VersionError, 'medomni_cas.studio.build' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"]

@@ -20,7 +20,7 @@ from medomni_cas.bench.columns import (
     ColumnsError,
     answer_columns,
     answers_ref,
-    arm_key,
+    arm_rows,
     column_bytes,
     make_answer_columns,
     put_columns,
@@ -187,7 +187,7 @@ def test_answer_columns_are_made_again_when_the_ref_is_wrong(
     again, _ = answer_columns(store, job.set_build, ARM)
     assert again == good and store.refs[ref] == good
     # the same answers are made from scratch, byte for byte
-    assert store.put(make_answer_columns(store, arm_key(store, job.set_build, ARM))) == good
+    assert store.put(make_answer_columns(store, arm_rows(store, job.set_build, ARM))) == good
 
 
 def test_a_build_whose_atoms_do_not_match_its_cohort_is_refused(
@@ -205,9 +205,9 @@ def test_a_build_whose_atoms_do_not_match_its_cohort_is_refused(
         )
     )
     with pytest.raises(ColumnsError, match=f"build {short}.*19 atoms.*20 patients"):
-        make_answer_columns(store, arm_key(store, bad, entry.arm))
+        make_answer_columns(store, arm_rows(store, bad, entry.arm))
     with pytest.raises(ColumnsError, match="has no arm encoders"):
-        arm_key(store, bad, "encoders")
+        arm_rows(store, bad, "encoders")
 
 
 def test_an_imported_run_folder_scores_the_same(ran: tuple[mc.Store, Path, ObjectId]) -> None:

@@ -12,18 +12,13 @@ import yaml
 import medomni_cas as mc
 from examples import synth
 from medomni_cas.store.bundle import read_bundle_header
-from medomni_cas.studio.build import VersionError, build_pair
+from medomni_cas.studio.build import build_pair
+from medomni_cas.studio.errors import VersionError
 from medomni_cas.studio.folders import load_template
 from medomni_cas.studio.records import AnswerKey, BuildResult, Content, TaskSetRecord
+from medomni_cas.studio.refnames import task_set_ref
 from medomni_cas.studio.signoff import signoff
-from medomni_cas.studio.tasksets import (
-    TaskSetError,
-    build_set,
-    publish,
-    rebuild,
-    show_set,
-    task_set_ref,
-)
+from medomni_cas.studio.tasksets import TaskSetError, build_set, publish, rebuild, show_set
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 CKD = "synth-ehr_ckd-staging"

@@ -8,7 +8,7 @@ one whose id differs, with what differs.
 
 from __future__ import annotations
 
-from medomni_cas.bench.columns import Truths, arm_key, make_answer_columns
+from medomni_cas.bench.columns import Truths, arm_rows, make_answer_columns
 from medomni_cas.bench.records import AnswerColumns, Result
 from medomni_cas.store import encoding
 from medomni_cas.store.backends.memory import MemoryBackend
@@ -26,7 +26,7 @@ def check_answer_columns(store: Store, result: ObjectId) -> list[str]:
     problems = []
     for aid in res.answer_columns:
         kept = store.get(aid, AnswerColumns)
-        key = arm_key(store, kept.set_build, kept.arm, kept.arm_variant)
+        key = arm_rows(store, kept.set_build, kept.arm, kept.arm_variant)
         made = make_answer_columns(store, key, truths, sink=scratch)
         if hash_bytes(encoding.encode(made)) == aid:
             continue

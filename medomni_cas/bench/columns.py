@@ -38,6 +38,7 @@ from medomni_cas.bench.records import (
     PredictionTable,
     RunRecord,
 )
+from medomni_cas.bench.refnames import answers_ref
 from medomni_cas.bench.schemas import PREDICTION_COLUMNS, PREDICTION_SCHEMA
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
@@ -58,13 +59,13 @@ __all__ = [
     "KEY_COLUMNS",
     "PREDICTION_COLUMNS",
     "PREDICTION_SCHEMA",
-    "ArmKey",
+    "ArmRows",
     "ColumnsError",
     "KeyGroup",
     "Truths",
     "answer_columns",
-    "answers_ref",
-    "arm_key",
+    "answers_ref",  # re-exported from bench.refnames, where it lives
+    "arm_rows",
     "column_bytes",
     "make_answer_columns",
     "prediction_columns",
@@ -87,10 +88,6 @@ class ColumnsError(MedomniError, ValueError):
     """A set build or a job whose rows cannot be laid out, or a column blob that is not one."""
 
 
-def answers_ref(set_build: ObjectId, arm_label: str) -> str:
-    return f"scores/answers/{set_build.hex()}/{arm_label}"
-
-
 # -- the key ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KeyGroup:
@@ -107,8 +104,8 @@ class KeyGroup:
 
 
 @dataclass(frozen=True)
-class ArmKey:
-    """The row order of one arm (and rung) of a set build."""
+class ArmRows:
+    """The row order of one arm (and rung) of a set build: the module docstring's *key*."""
 
     set_build: ObjectId
     arm: str
@@ -162,7 +159,7 @@ def _build_atoms(store: Store, result: ObjectId) -> tuple[ObjectId, ObjectId, by
     return view.content, view.answer_key, atoms
 
 
-def arm_key(store: Store, set_build: ObjectId, arm: str, arm_variant: str = "") -> ArmKey:
+def arm_rows(store: Store, set_build: ObjectId, arm: str, arm_variant: str = "") -> ArmRows:
     """The key of ``arm`` (and rung ``arm_variant``) in ``set_build``."""
     sb = store.get(set_build, SetBuild)
     entries = [e for e in sb.entries if (e.arm, e.arm_variant) == (arm, arm_variant)]
@@ -184,7 +181,7 @@ def arm_key(store: Store, set_build: ObjectId, arm: str, arm_variant: str = "") 
                 )
             )
             start = stop
-    return ArmKey(set_build, arm, arm_variant, tuple(groups))
+    return ArmRows(set_build, arm, arm_variant, tuple(groups))
 
 
 def _hex_array(ids: bytes) -> pa.Array:
@@ -249,7 +246,7 @@ def read_or_nulls(
 
 # -- a job's predictions --------------------------------------------------------------------
 def prediction_columns(
-    store: Store, key: ArmKey, runs: Sequence[RunRecord], intelligence: str
+    store: Store, key: ArmRows, runs: Sequence[RunRecord], intelligence: str
 ) -> PredictionColumns:
     """A job's final ``runs`` as columns in ``key``'s rows (stored), nulls where none ran."""
     by_atom = {r.atom: r for r in runs}
@@ -327,7 +324,7 @@ Truths = dict[tuple[ObjectId, ObjectId, str], tuple[pa.Array, pa.Array]]
 
 
 def make_answer_columns(
-    store: Store, key: ArmKey, truths: Truths | None = None, *, sink: Store | None = None
+    store: Store, key: ArmRows, truths: Truths | None = None, *, sink: Store | None = None
 ) -> AnswerColumns:
     """The answers of ``key``'s rows, from the answer keys of its builds, with the columns
     stored in ``sink`` (``store`` unless given: a check makes them in a scratch store).
@@ -416,7 +413,7 @@ def answer_columns(
         found = store.get(aid, AnswerColumns)
         if (found.set_build, found.arm, found.arm_variant) == (set_build, arm, arm_variant):
             return aid, found
-    made = make_answer_columns(store, arm_key(store, set_build, arm, arm_variant), truths)
+    made = make_answer_columns(store, arm_rows(store, set_build, arm, arm_variant), truths)
     mid = store.put(made)
     if aid != mid:
         # harnesses and scorers may race here; any of them writes the same object

@@ -44,12 +44,13 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import blake3
 import msgspec
 
 from medomni_cas._extras import require
+from medomni_cas.bench.encoder_calls import EncoderCall, Status, meets_arm, read_call_log
 from medomni_cas.bench.encoders import Encoder, EncoderError, canonical_json, encoders, input_names
 
 if TYPE_CHECKING:  # the web stack is the `bench` extra: imported when a gateway is made
@@ -68,39 +69,6 @@ __all__ = [
 
 DEFAULT_PORT = 8899
 MAX_BODY = 64 * 1024  # an encode request is a name, a family and a few params
-
-Status = Literal["ok", "refused", "error"]
-
-
-class EncoderCall(msgspec.Struct, frozen=True, kw_only=True):
-    """One encode call, as the gateway answered it (refused calls too).
-
-    ``input_digest`` is the BLAKE3 hash of the input files' bytes concatenated in name order
-    (``inputs``), ``output_digest`` that of the features' canonical JSON ("" when none).
-    """
-
-    atom: str
-    seq: int
-    encoder: str
-    encoder_version: str
-    encoder_digest: str
-    family: str
-    status: Status
-    http_status: int
-    started: str  # ISO 8601, UTC
-    elapsed_ms: float
-    input_digest: str
-    output_digest: str
-    detail: str
-    inputs: tuple[str, ...] = ()
-
-
-_CALL_DECODER = msgspec.json.Decoder(EncoderCall)
-
-
-def read_call_log(path: str | Path) -> list[EncoderCall]:
-    """The calls of a JSON-lines call log (as a sidecar writes with ``--log``)."""
-    return [_CALL_DECODER.decode(line) for line in Path(path).read_bytes().splitlines() if line]
 
 
 class _Served:
@@ -404,35 +372,6 @@ def _registry() -> dict[str, Encoder]:
 def _listing(folder: Path) -> list[str]:
     """Names of the regular files directly in ``folder`` (symlinks could point anywhere)."""
     return sorted(e.name for e in folder.iterdir() if e.is_file() and not e.is_symlink())
-
-
-# -- meets the arm ----------------------------------------------------------------------------
-def meets_arm(arm_encoders: str, calls: Sequence[EncoderCall]) -> tuple[bool, str]:
-    """Whether a run's encoder calls meet its arm's run side, and why not.
-
-    "required" needs at least one successful call; "allowed" takes anything; "none" attaches
-    no gateway, so any logged call there is a harness bug and fails the run.
-    """
-    ok = sum(1 for c in calls if c.status == "ok")
-    if arm_encoders == "required":
-        if ok:
-            return True, f"{ok} successful encoder call{'s' if ok != 1 else ''}"
-        refused = sum(1 for c in calls if c.status == "refused")
-        failed = len(calls) - refused
-        return False, (
-            f"encoders required: no successful encoder call "
-            f"({len(calls)} calls: {refused} refused, {failed} failed)"
-        )
-    if arm_encoders == "allowed":
-        return True, ""
-    if arm_encoders == "none":
-        if calls:
-            return False, (
-                f"the arm attaches no perception service, yet {len(calls)} encoder calls were "
-                "logged"
-            )
-        return True, ""
-    raise ValueError(f"unknown encoder access {arm_encoders!r} (allowed, none, required)")
 
 
 # -- serving ------------------------------------------------------------------------------------

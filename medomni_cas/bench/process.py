@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from medomni_cas.bench._inotify import OpenWatcher
-from medomni_cas.bench.records import EncoderServed
+from medomni_cas.bench.records import EncoderServed, Outcome
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
 from medomni_cas.bench.staging import RESERVED, stage_atom
 
@@ -174,7 +174,7 @@ class ProcessRunner(Runner):
                 trial.outcome = "agent-failed"
                 trial.errors.append(f"no answer at {spec.atom.submission_path}")
             if gateway is not None:
-                trial.encoder_calls = [_call(c) for c in gateway.calls]
+                trial.encoder_calls = list(gateway.calls)
                 trial.encoders_served = [
                     EncoderServed(name=e["name"], version=e["version"], digest=e["digest"])
                     for e in gateway.encoders_served()
@@ -187,7 +187,7 @@ class ProcessRunner(Runner):
     @staticmethod
     def _exec(
         cmd: Sequence[str], work: Path, env: dict[str, str], limit: int
-    ) -> tuple[str, list[str], bytes, bytes]:
+    ) -> tuple[Outcome, list[str], bytes, bytes]:
         try:
             proc = subprocess.Popen(
                 list(cmd),
@@ -246,9 +246,3 @@ def _read_run_info(path: Path, trial: Trial) -> None:
             trial.cost_usd = cost
     except (ValueError, TypeError, msgspec.DecodeError) as e:
         trial.errors.append(f"MEDOMNI_RUN_INFO: unreadable: {e}")
-
-
-def _call(c: object) -> dict[str, object]:
-    import msgspec
-
-    return msgspec.to_builtins(c)  # type: ignore[no-any-return]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import lru_cache, partial
-from typing import Any
+from typing import Any, Literal, get_args
 
 import blake3
 import msgspec
@@ -27,6 +27,7 @@ from medomni_cas.store.encoding import Record
 from medomni_cas.store.ids import ObjectId, hash_bytes, id_from_digest
 
 __all__ = [
+    "AGENT_OUTCOMES",
     "OUTCOMES",
     "AgentBlock",
     "AgentConfig",
@@ -35,6 +36,7 @@ __all__ = [
     "EncoderServed",
     "JobRecord",
     "Limits",
+    "Outcome",
     "PredictionColumns",
     "PredictionRecord",
     "PredictionTable",
@@ -49,9 +51,11 @@ __all__ = [
 
 #: How a run ended. The first four are the agent's own outcome: the slot is done. An
 #: ``infra-error`` (the environment never started, the model endpoint failed, the engine
-#: died) is kept, and its slot is run again on resume, up to the user's limit.
-OUTCOMES = ("answered", "malformed", "agent-failed", "timeout", "infra-error")
-AGENT_OUTCOMES = OUTCOMES[:4]
+#: died) is kept, and its slot is run again on resume, up to the user's limit. Stored as
+#: the plain string.
+Outcome = Literal["answered", "malformed", "agent-failed", "timeout", "infra-error"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+AGENT_OUTCOMES: tuple[Outcome, ...] = OUTCOMES[:4]
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -83,16 +87,19 @@ class RunSlot(Record, kw_only=True):
 
     atom: ObjectId
     agent_config: ObjectId
-    arm_variant: str  # "<arm>" or "<arm>.<variant>"
+    #: The arm *label*, ``"<arm>"`` or ``"<arm>.<variant>"`` (`studio.arms.arm_label`), not
+    #: the variant alone as every other ``arm_variant`` field holds. The name is in the
+    #: hashed bytes, so it stays; functions taking it call it ``arm_label``.
+    arm_variant: str
     repetition: int
 
 
-def _slot_id(atom: ObjectId, agent_config: ObjectId, arm_variant: str, repetition: int) -> ObjectId:
+def _slot_id(atom: ObjectId, agent_config: ObjectId, arm_label: str, repetition: int) -> ObjectId:
     """The definition: the hash of the `RunSlot`'s canonical bytes."""
     return hash_bytes(
         encoding.encode(
             RunSlot(
-                atom=atom, agent_config=agent_config, arm_variant=arm_variant, repetition=repetition
+                atom=atom, agent_config=agent_config, arm_variant=arm_label, repetition=repetition
             )
         )
     )
@@ -112,33 +119,33 @@ def _slot_frame(agent_config: ObjectId, arm_variant: str, repetition: int) -> tu
     return encoding.link_frame(slot, "atom")
 
 
-def _plain(agent_config: object, arm_variant: object, repetition: object) -> bool:
+def _plain(agent_config: object, arm_label: object, repetition: object) -> bool:
     # exact types: a bytes agent config or a bool repetition encodes differently
-    return type(agent_config) is ObjectId and type(arm_variant) is str and type(repetition) is int
+    return type(agent_config) is ObjectId and type(arm_label) is str and type(repetition) is int
 
 
-def slot_id(atom: ObjectId, agent_config: ObjectId, arm_variant: str, repetition: int) -> ObjectId:
-    """A run slot's id: ``hash(RunSlot(atom, agent_config, arm_variant, repetition))``.
+def slot_id(atom: ObjectId, agent_config: ObjectId, arm_label: str, repetition: int) -> ObjectId:
+    """A run slot's id: ``hash(RunSlot(atom, agent_config, arm_label, repetition))``.
 
     Hashed from the slot's bytes around the atom, made once per (agent config, arm
-    variant, repetition): the same bytes as encoding the record, in half the time (`slot_ids`
+    label, repetition): the same bytes as encoding the record, in half the time (`slot_ids`
     for a job's slots: a third).
     """
-    if type(atom) is ObjectId and _plain(agent_config, arm_variant, repetition):
-        head, tail = _slot_frame(agent_config, arm_variant, repetition)
+    if type(atom) is ObjectId and _plain(agent_config, arm_label, repetition):
+        head, tail = _slot_frame(agent_config, arm_label, repetition)
         return id_from_digest(blake3.blake3(head + atom + tail).digest())
-    return _slot_id(atom, agent_config, arm_variant, repetition)
+    return _slot_id(atom, agent_config, arm_label, repetition)
 
 
 def slot_digests(
-    atoms: Iterable[ObjectId], agent_config: ObjectId, arm_variant: str, repetition: int
+    atoms: Iterable[ObjectId], agent_config: ObjectId, arm_label: str, repetition: int
 ) -> list[bytes]:
     """`slot_ids` as plain 32-byte digests: the resume check of a job's slots needs no
     `ObjectId` for slots that are done, and skips making one for each."""
     atoms = list(atoms)
-    if not _plain(agent_config, arm_variant, repetition) or set(map(type, atoms)) - {ObjectId}:
-        return [bytes(slot_id(a, agent_config, arm_variant, repetition)) for a in atoms]
-    head, tail = _slot_frame(agent_config, arm_variant, repetition)
+    if not _plain(agent_config, arm_label, repetition) or set(map(type, atoms)) - {ObjectId}:
+        return [bytes(slot_id(a, agent_config, arm_label, repetition)) for a in atoms]
+    head, tail = _slot_frame(agent_config, arm_label, repetition)
     # one hasher, reset after each slot: a new one per slot costs a quarter of the time
     hasher = blake3.blake3()
     update, digest, reset = hasher.update, hasher.digest, hasher.reset
@@ -152,10 +159,10 @@ def slot_digests(
 
 
 def slot_ids(
-    atoms: Iterable[ObjectId], agent_config: ObjectId, arm_variant: str, repetition: int
+    atoms: Iterable[ObjectId], agent_config: ObjectId, arm_label: str, repetition: int
 ) -> list[ObjectId]:
-    """`slot_id` of each atom for one agent config, arm variant and repetition (a job)."""
-    return list(map(_wrap_id, slot_digests(atoms, agent_config, arm_variant, repetition)))
+    """`slot_id` of each atom for one agent config, arm label and repetition (a job)."""
+    return list(map(_wrap_id, slot_digests(atoms, agent_config, arm_label, repetition)))
 
 
 class EncoderServed(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -196,7 +203,7 @@ class RunRecord(Record, kw_only=True):
     config: ObjectId  # the build config: the config hash
     repetition: int
     runner: str
-    outcome: str  # one of OUTCOMES
+    outcome: Outcome
     served_model: str = ""
     cost_usd: float | None = None
     tokens_in: int | None = None

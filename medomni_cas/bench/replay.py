@@ -3,8 +3,9 @@
 Its agent config names the runs to repeat in ``settings.source``: the name of an agent
 config that already ran the same task set (the harness records each config under
 ``bench/agents/<name>``). Each slot repeats the final run of the source's slot for the same
-atom, arm (and rung) and repetition, falling back to repetition 1; a slot with nothing to
-repeat fails as the agent's own outcome, naming the slot it looked for.
+atom, arm (and rung) and repetition, falling back to repetition 1 (`source_run`, which the
+Harbor runner's replay agent reads too); a slot with nothing to repeat fails as the agent's
+own outcome, naming the slot it looked for.
 """
 
 from __future__ import annotations
@@ -15,28 +16,31 @@ from typing import ClassVar
 
 from medomni_cas.bench.process import now_iso
 from medomni_cas.bench.records import RunRecord, slot_id
+from medomni_cas.bench.refnames import agent_ref, slot_ref
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
 
-__all__ = ["ReplayRunner", "agent_ref", "slot_ref"]
-
-
-def agent_ref(name: str) -> str:
-    return f"bench/agents/{name}"
+__all__ = ["ReplayRunner", "source_run"]
 
 
-#: A run slot's ref is this prefix and the slot id's hex: it points at the slot's latest run.
-SLOT_REFS = "runs/slots/"
-
-
-def slot_ref(slot: bytes) -> str:
-    return f"{SLOT_REFS}{slot.hex()}"
+def source_run(
+    store: Store, source: ObjectId, atom: ObjectId, arm_label: str, repetition: int
+) -> RunRecord | None:
+    """The run a replay repeats: the final run of agent config ``source``'s slot for
+    ``atom`` under ``arm_label`` at ``repetition``, else at repetition 1; None if neither ran."""
+    for rep in dict.fromkeys((repetition, 1)):
+        last = store.refs.get(slot_ref(slot_id(atom, source, arm_label, rep)))
+        if last is not None:
+            return store.get(last, RunRecord)
+    return None
 
 
 class ReplayRunner(Runner):
     name: ClassVar[str] = "replay"
     description: ClassVar[str] = "repeats the answers of earlier runs (no model calls)"
 
-    def _source(self, job: Job) -> bytes:
+    def _source(self, job: Job) -> ObjectId:
         source = job.agent.options.get("source")
         if not isinstance(source, str) or not source:
             raise RunnerError(
@@ -48,6 +52,7 @@ class ReplayRunner(Runner):
             raise RunnerError(f"replay source {source!r} has never run in {job.store.url}")
         return sid
 
+    # docstring inherited
     def check(self, job: Job) -> list[str]:
         try:
             self._source(job)
@@ -55,17 +60,12 @@ class ReplayRunner(Runner):
             return [str(e)]
         return []
 
+    # docstring inherited
     def run(self, job: Job) -> Iterator[Trial]:
         source = self._source(job)
         for spec in job.trials:
             started, t0 = now_iso(), time.monotonic()
-            run = None
-            for rep in dict.fromkeys((job.repetition, 1)):
-                sid = slot_id(spec.atom_id, source, job.arm_label, rep)  # type: ignore[arg-type]
-                ref = job.store.refs.get(slot_ref(sid))
-                if ref is not None:
-                    run = job.store.get(ref, RunRecord)
-                    break
+            run = source_run(job.store, source, spec.atom_id, job.arm_label, job.repetition)
             trial = Trial(
                 slot=spec.slot,
                 attempt=spec.attempt,

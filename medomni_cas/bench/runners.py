@@ -16,7 +16,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import ClassVar
 
-from medomni_cas.bench.records import AgentConfig, EncoderServed
+from medomni_cas.bench.encoder_calls import EncoderCall
+from medomni_cas.bench.records import AgentConfig, EncoderServed, Outcome
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -62,7 +63,7 @@ class Job:
     agent: AgentConfig
     agent_id: ObjectId
     arm: str
-    arm_variant: str
+    arm_variant: str  # the variant (rung) alone, "" for none; `arm_label` joins them
     encoders: str  # the arm's run side: "allowed" | "none" | "required"
     repetition: int
     budget: int  # encoder calls per atom task, when the arm attaches the perception service
@@ -82,7 +83,7 @@ class Trial:
 
     slot: ObjectId
     attempt: int
-    outcome: str
+    outcome: Outcome  # never "malformed": the harness tells that from the answer
     started: str
     finished: str
     elapsed_ms: int
@@ -93,7 +94,7 @@ class Trial:
     cost_usd: float | None = None
     errors: list[str] = field(default_factory=list)
     logs: dict[str, bytes] = field(default_factory=dict)
-    encoder_calls: list[dict[str, object]] = field(default_factory=list)
+    encoder_calls: list[EncoderCall] = field(default_factory=list)
     encoders_served: list[EncoderServed] = field(default_factory=list)
     files_opened: list[str] = field(default_factory=list)
 

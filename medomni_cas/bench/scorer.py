@@ -42,6 +42,7 @@ from medomni_cas.bench.records import (
     Result,
     ScoreRow,
 )
+from medomni_cas.bench.refnames import JOB_REFS, result_ref
 from medomni_cas.bench.schemas import SCORE_SCHEMA
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
@@ -54,7 +55,7 @@ __all__ = [
     "Scored",
     "jobs_of",
     "prediction_table",
-    "result_ref",
+    "result_ref",  # re-exported from bench.refnames, where it lives, for notebook.py
     "score_jobs",
     "write_results",
 ]
@@ -67,10 +68,6 @@ class ScoreError(MedomniError, ValueError):
     """Jobs that cannot be scored together, or nothing to score."""
 
 
-def result_ref(set_name: str) -> str:
-    return f"results/{set_name}"
-
-
 def prediction_table(store: Store, job: JobRecord) -> pa.Table:
     """A job's predictions as one Arrow table (see `read_predictions`)."""
     return read_predictions(store, job)
@@ -81,7 +78,7 @@ def jobs_of(
 ) -> list[ObjectId]:
     """Every recorded job of ``task_set`` (optionally of some agents), in a stable order."""
     out = []
-    for _, jid in sorted(store.refs.items("runs/jobs/")):
+    for _, jid in sorted(store.refs.items(JOB_REFS)):
         job = store.get(jid, JobRecord)
         if job.task_set != task_set:
             continue

@@ -16,6 +16,7 @@ import blake3
 import zarr
 
 from medomni_cas.errors import NotFound
+from medomni_cas.store.url import open_store
 from medomni_cas.studio.schema import ArrayFamily
 
 __all__ = ["array_digest", "open_array_group"]
@@ -31,10 +32,9 @@ def open_array_group(root: Path, a: ArrayFamily) -> Iterator[zarr.Group]:
     if not a.ref:
         yield zarr.open_group(str(root / a.store), mode="r")
         return
-    import medomni_cas as mc
     from medomni_cas.views.zarr_store import CASStore
 
-    with mc.open(_store_url(root, a), create=False) as store:
+    with open_store(_store_url(root, a), create=False) as store:
         if store.refs.get(a.ref) is None:
             raise NotFound("ref", f"{a.ref} (array family {a.name} in {root / a.store})")
         yield zarr.open_group(store=CASStore(store, a.ref, read_only=True), mode="r")
@@ -43,9 +43,7 @@ def open_array_group(root: Path, a: ArrayFamily) -> Iterator[zarr.Group]:
 def array_digest(root: Path, a: ArrayFamily) -> bytes:
     """What identifies the family's data: its tree id, or a hash of its folder's files."""
     if a.ref:
-        import medomni_cas as mc
-
-        with mc.open(_store_url(root, a), create=False) as store:
+        with open_store(_store_url(root, a), create=False) as store:
             tree = store.refs.get(a.ref)
         if tree is None:
             raise NotFound("ref", f"{a.ref} (array family {a.name} in {root / a.store})")

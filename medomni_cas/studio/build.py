@@ -29,9 +29,10 @@ import pyarrow as pa
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
-from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build, arm_label
+from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build
 from medomni_cas.studio.arrays import array_digest
-from medomni_cas.studio.evidence import BuildError, Selection, evidence_files, select_cohort
+from medomni_cas.studio.errors import BuildError, VersionError
+from medomni_cas.studio.evidence import Selection, evidence_files, select_cohort
 from medomni_cas.studio.folders import TemplateFolder, find_template, load_template
 from medomni_cas.studio.labels import read_table
 from medomni_cas.studio.records import (
@@ -45,6 +46,7 @@ from medomni_cas.studio.records import (
     FormatCheck,
     TargetShape,
 )
+from medomni_cas.studio.refnames import build_cache_ref, pair_ref
 from medomni_cas.studio.schema import LADDER_ARM, Dataset, SpecError, Version
 from medomni_cas.studio.signoff import check_signoff
 
@@ -63,18 +65,6 @@ MEDOMNI_RELEASE = "0.3.0"  # the MedOmni spec release this builder implements
 ENCODER_ARMS = ("encoders", "no-perception", "encoders-required")
 Progress = Callable[[str], None]
 _SORTED = msgspec.json.Encoder(order="sorted")
-
-
-class VersionError(BuildError):
-    """A pair's config changed without the version rise it needs."""
-
-    def __init__(self, pair: str, field: str, old: str, new: str, needed: str) -> None:
-        self.pair, self.field, self.old, self.new, self.needed = pair, field, old, new, needed
-        what = "results stop being comparable" if needed.endswith(".0") else "the task changed"
-        super().__init__(
-            f"{pair}: {field} changed since the build at version {old} ({what}); "
-            f'set version: "{needed}" (or higher) in its cohort file, not {new!r}'
-        )
 
 
 @dataclass(frozen=True)
@@ -314,10 +304,6 @@ def _render(
 
 
 # -- the entry point ------------------------------------------------------------------------
-def pair_ref(pair: str, arm: str, variant: str = "") -> str:
-    return f"studio/pairs/{pair}/{arm_label(arm, variant)}"
-
-
 def build_pair(
     store: Store,
     studio_root: str | Path,
@@ -366,7 +352,7 @@ def build_pair(
     out: list[Built] = []
     for ab, v, cohort, cfg in plan:
         cfg_id = _id_of(cfg)
-        cache = f"studio/builds/{cfg_id}/{digest}"
+        cache = build_cache_ref(cfg_id, digest)
         result = store.refs.get(cache)
         cached = result is not None
         if result is None:

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from medomni_cas.errors import MedomniError
 from medomni_cas.studio.arrays import open_array_group
+from medomni_cas.studio.errors import BuildError
 from medomni_cas.studio.folders import TemplateFolder
 from medomni_cas.studio.labels import Guard, Recipe, Value
 from medomni_cas.studio.schema import Cohort
@@ -39,10 +39,6 @@ __all__ = [
 
 _JSON = msgspec.json.Encoder()
 _SORTED = msgspec.json.Encoder(order="sorted")
-
-
-class BuildError(MedomniError, ValueError):
-    """A pair cannot be built from these files and data."""
 
 
 def where_mask(table: pa.Table, where: dict[str, Any]) -> pa.ChunkedArray | pa.Array:

@@ -16,18 +16,16 @@ import msgspec
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.studio.errors import VersionError
 from medomni_cas.studio.folders import TemplateFolder
 from medomni_cas.studio.records import TemplateRecord
+from medomni_cas.studio.refnames import signoff_ref
 from medomni_cas.studio.schema import Version
 
-__all__ = ["check_signoff", "signoff", "signoff_ref", "template_record"]
+__all__ = ["check_signoff", "signoff", "template_record"]
 
 # template fields whose change makes results incomparable (they hold the labels and scoring)
 _COMPARABILITY = ("targets",)
-
-
-def signoff_ref(template: str) -> str:
-    return f"studio/signoff/{template}"
 
 
 def _builtins(value: Any) -> Any:
@@ -52,8 +50,6 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def check_signoff(store: Store, folder: TemplateFolder, cohorts: list[str] | None = None) -> None:
     """Refuse to build ``cohorts`` (default: all) of a signed-off template that changed
     without the version rise it needs; a `VersionError` names the field and the cohort."""
-    from medomni_cas.studio.build import VersionError  # build imports this module
-
     signed = store.refs.get(signoff_ref(folder.name))
     if signed is None:
         return

@@ -38,6 +38,7 @@ from medomni_cas.studio.records import (
     SetEntry,
     TaskSetRecord,
 )
+from medomni_cas.studio.refnames import TASK_SET_REFS, published_ref, set_build_ref, task_set_ref
 from medomni_cas.studio.schema import LADDER_ARM, TaskSet
 
 __all__ = [
@@ -50,10 +51,9 @@ __all__ = [
     "publish",
     "rebuild",
     "record_task_set",
-    "set_build_ref",
+    "set_build_ref",  # re-exported from studio.refnames, where it lives, for notebook.py
     "show_set",
     "task_set_record",
-    "task_set_ref",
 ]
 
 Progress = Callable[[str], None]
@@ -61,14 +61,6 @@ Progress = Callable[[str], None]
 
 class TaskSetError(MedomniError, ValueError):
     """A task set update that would not only grow, or a set that cannot be built."""
-
-
-def task_set_ref(name: str) -> str:
-    return f"tasksets/{name}"
-
-
-def set_build_ref(name: str) -> str:
-    return f"studio/sets/{name}"
 
 
 def task_set_record(name: str, ts: TaskSet) -> TaskSetRecord:
@@ -236,7 +228,7 @@ def show_set(store: Store, name: str) -> SetView:
     split_set_name(name)
     rid = store.refs.get(task_set_ref(name))
     if rid is None:
-        have = sorted(n.removeprefix("tasksets/") for n, _ in store.refs.items("tasksets/"))
+        have = sorted(n.removeprefix(TASK_SET_REFS) for n, _ in store.refs.items(TASK_SET_REFS))
         raise TaskSetError(
             f"no task set {name!r} in {store.url} (recorded: {', '.join(have) or 'none'}; "
             f"build it with `medomni studio taskset build {name}`)"
@@ -299,7 +291,8 @@ def publish(
     bench_name, _ = split_set_name(name)
     if studio_path is None:
         raise TaskSetError("publishing needs the studio folder (for the benchmark's card)")
-    card = store.put(benchmark_card(open_benchmark(bench_name, bench_root=bench, studio=studio)))
+    folder = open_benchmark(bench_name, bench_root=bench, studio=studio_path)
+    card = store.put(benchmark_card(folder))
     entries = []
     for e in view.entries:
         result = store.get(e.result, BuildResult)
@@ -316,7 +309,7 @@ def publish(
             )
         )
     pub = store.put(PublishedSet(task_set=view.task_set, benchmark=card, entries=tuple(entries)))
-    return export_bundle(store, [pub], path, refs=refs | {f"published/{name}": pub})
+    return export_bundle(store, [pub], path, refs=refs | {published_ref(name): pub})
 
 
 @dataclass(frozen=True)

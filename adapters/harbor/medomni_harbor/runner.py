@@ -49,9 +49,14 @@ from typing import Any, ClassVar
 import blake3
 
 import medomni_harbor  # noqa: F401 - makes Harbor offline before it is imported
-from medomni_cas.bench.records import EncoderServed, RunRecord, slot_id
-from medomni_cas.bench.replay import agent_ref, slot_ref
+from medomni_cas.bench.encoder_calls import read_call_log
+from medomni_cas.bench.harness.checks import oracle_answer
+from medomni_cas.bench.records import EncoderServed, Outcome
+from medomni_cas.bench.refnames import agent_ref
+from medomni_cas.bench.replay import source_run
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
+from medomni_cas.studio.records import AnswerKey, BuildResult, SetBuild
+from medomni_cas.studio.refnames import SET_BUILD_REFS
 from medomni_harbor import _docker, images
 from medomni_harbor.environment import PERCEPTION_DIR
 from medomni_harbor.render import ANSWER_ARTIFACT, render_task, task_name
@@ -259,24 +264,17 @@ class HarborRunner(Runner):
 
     def _write_replays(self, job: Job, folder: Path) -> None:
         """Each slot's answer to replay: the source config's final run of the same atom, arm
-        (and rung) and repetition, else repetition 1 (as the replay runner picks it)."""
+        (and rung) and repetition, else repetition 1 (`replay.source_run`, as the replay
+        runner picks it)."""
         folder.mkdir(parents=True, exist_ok=True)
         source = job.store.refs.get(agent_ref(str(job.agent.options.get("source"))))
         if source is None:
             return
         for spec in job.trials:
-            for rep in dict.fromkeys((job.repetition, 1)):
-                sid = slot_id(spec.atom_id, source, job.arm_label, rep)
-                ref = job.store.refs.get(slot_ref(sid))
-                if ref is None:
-                    continue
-                run = job.store.get(ref, RunRecord)
-                if run.answer is not None:
-                    (folder / f"{task_name(spec)}.json").write_bytes(
-                        job.store.read_blob(run.answer)
-                    )
-                    (folder / f"{task_name(spec)}.run").write_text(run.run_id + "\n")
-                break
+            run = source_run(job.store, source, spec.atom_id, job.arm_label, job.repetition)
+            if run is not None and run.answer is not None:
+                (folder / f"{task_name(spec)}.json").write_bytes(job.store.read_blob(run.answer))
+                (folder / f"{task_name(spec)}.run").write_text(run.run_id + "\n")
 
     def run(self, job: Job) -> Iterator[Trial]:
         root = job.folder / "harbor"
@@ -443,7 +441,7 @@ def _iso(t: datetime | None) -> str:
     return t.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
-def _outcome(result: Any, answered: bool) -> tuple[str, list[str]]:
+def _outcome(result: Any, answered: bool) -> tuple[Outcome, list[str]]:
     """The runner's outcome from Harbor's exception info and timing (the README's table).
 
     Harbor records an exception when it reaches the trial, after the agent phase's timing is
@@ -499,8 +497,6 @@ def trial_from_result(job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
     """One Harbor trial folder (its ``result.json`` and files) as the harness's `Trial`."""
     from harbor.models.trial.result import TrialResult
 
-    from medomni_cas.bench.perception import read_call_log
-
     result = TrialResult.model_validate_json((trial_dir / "result.json").read_text())
     answer_path = trial_dir / "artifacts" / ANSWER_ARTIFACT
     answer = answer_path.read_bytes() if answer_path.is_file() else None
@@ -533,9 +529,7 @@ def trial_from_result(job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
     perception = trial_dir / PERCEPTION_DIR
     calls = perception / "calls.jsonl"
     if calls.is_file() and calls.stat().st_size:
-        import msgspec
-
-        trial.encoder_calls = [msgspec.to_builtins(c) for c in read_call_log(calls)]
+        trial.encoder_calls = read_call_log(calls)
     listing = perception / "encoders.json"
     if listing.is_file():
         served_doc = json.loads(listing.read_text())
@@ -554,12 +548,10 @@ def trial_from_result(job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
 def _oracle_answers(job: Job) -> dict[Any, dict[str, object]]:
     """Each trial's answer from the answer keys of the set builds holding its atom: what
     Harbor's oracle agent is handed from outside the task (and no other agent ever is)."""
-    from medomni_cas.studio.records import AnswerKey, BuildResult, SetBuild
-
     store = job.store
     wanted = {spec.atom_id: spec for spec in job.trials}
     out: dict[Any, dict[str, object]] = {}
-    for _, sb_id in store.refs.items("studio/sets/"):
+    for _, sb_id in store.refs.items(SET_BUILD_REFS):
         for e in store.get(sb_id, SetBuild).entries:
             if e.arm != job.arm or e.arm_variant != job.arm_variant:
                 continue
@@ -570,8 +562,9 @@ def _oracle_answers(job: Job) -> dict[Any, dict[str, object]]:
             key = store.get(result.answer_key, AnswerKey)
             for aid in hits:
                 spec = wanted[aid]
-                truth = key.values.get(spec.atom.patient, {})
-                out[aid] = {t.name: truth.get(t.name) for t in spec.format_check.targets}
+                answer = oracle_answer(key, spec.atom, spec.format_check)
+                if answer is not None:
+                    out[aid] = answer
     missing = [a for a in wanted if a not in out]
     if missing:
         raise RunnerError(f"oracle: no answer key holds atom {missing[0]}")

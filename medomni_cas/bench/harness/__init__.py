@@ -1,0 +1,323 @@
+"""The harness: ``medomni bench run <benchmark>/<set> --agent <config>``.
+
+1. Checks the whole set and runs nothing if any check fails (`harness.checks`): the built
+   tasks, stand-in agents on each task, the agent's route against each dataset's policy,
+   and what the runner needs (its own `Runner.check`: the agent command, the perception
+   service, an image).
+2. Runs one job per arm (and rung) x repetition, slot by slot. A run slot's id is
+   ``hash(atom, agent config, arm label, repetition)``; ``runs/slots/<slot>`` points at its
+   latest run, so resuming is one ref read per slot. A slot is claimed create-only before it
+   runs (`harness.claims`), so two harnesses on one store never run it twice.
+3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
+   then writes the run folder as a view.
+
+A slot is done when its run ended with an outcome of the agent's own. A run that failed for
+the infrastructure is kept, and the slot runs again on resume, up to ``max_attempts``. The
+refs it reads and moves are listed in `medomni_cas.bench.refnames`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+
+from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
+from medomni_cas.bench.harness.checks import (
+    CheckFailed,
+    check_built,
+    check_posix_permissions,
+    check_routes,
+)
+from medomni_cas.bench.harness.claims import claim, release, sweep
+from medomni_cas.bench.recording import record_job, record_trial
+from medomni_cas.bench.records import (
+    AGENT_OUTCOMES,
+    AgentConfig,
+    JobRecord,
+    RunRecord,
+    slot_digests,
+)
+from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, job_name_ref, job_ref
+from medomni_cas.bench.runfolders import write_run_folder
+from medomni_cas.bench.runners import Job, Runner, TrialSpec, get_runner
+from medomni_cas.errors import MedomniError
+from medomni_cas.store.ids import ObjectId, id_from_digest
+from medomni_cas.store.store import Store
+from medomni_cas.studio.arms import arm_builds, arm_label
+from medomni_cas.studio.records import AtomTask, FormatCheck, SetEntry
+from medomni_cas.studio.tasksets import SetView, show_set
+
+__all__ = [
+    "PREDICTION_COLUMNS",
+    "CheckFailed",
+    "JobReport",
+    "RunReport",
+    "check_posix_permissions",
+    "job_ref",
+    "run_set",
+    "run_states",
+]
+
+Progress = Callable[[str, int, int], None]  # (job name, slots done, slots in the job)
+
+
+@dataclass
+class JobReport:
+    name: str
+    job: ObjectId
+    folder: Path
+    slots: int
+    ran: int
+    skipped: int
+    infra_errors: int
+
+
+@dataclass
+class RunReport:
+    task_set: ObjectId
+    agent_config: ObjectId
+    jobs: list[JobReport] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def ran(self) -> int:
+        return sum(j.ran for j in self.jobs)
+
+
+@dataclass
+class _Planned:
+    """A job as planned: its slots to run, and what recording it needs."""
+
+    job: Job
+    previous: dict[ObjectId, ObjectId | None]  # slot to run -> its latest run
+    slots: list[bytes]  # every slot of the job, in the arm's atom order
+    rows: ArmRows
+
+
+# -- resume -----------------------------------------------------------------------------------
+class _RunState(msgspec.Struct):
+    """What resume reads of a run record; msgspec skips the other fields undecoded."""
+
+    outcome: str
+    attempt: int
+
+
+_RUN_STATE = msgspec.msgpack.Decoder(tuple[str, int, _RunState])
+
+
+def run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, tuple[str, int]]:
+    """Each run's (outcome, attempt), read from its verified bytes: all resume needs."""
+    out = {}
+    for rid, data in store.get_raw_many(runs):  # verified bytes
+        kind, _, state = _RUN_STATE.decode(data)  # type: ignore[arg-type]
+        if kind != RunRecord.__kind__:
+            raise MedomniError(f"run slot points at {rid}, a {kind}, not a run record")
+        out[rid] = (state.outcome, state.attempt)
+    return out
+
+
+def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
+    return [rid for rid in store.refs.get_many_ids(SLOT_REFS, slots) if rid is not None]
+
+
+# -- planning ---------------------------------------------------------------------------------
+def _entries(view: SetView, arms: Sequence[str] | None) -> list[SetEntry]:
+    if arms:
+        have = {e.arm for e in view.entries}
+        unknown = [a for a in arms if a not in have]
+        if unknown:
+            raise MedomniError(
+                f"task set {view.name} has no arm {unknown[0]!r} (has: {', '.join(sorted(have))})"
+            )
+        return [e for e in view.entries if e.arm in arms]
+    return list(view.entries)
+
+
+def run_set(
+    store: Store,
+    name: str,
+    agent: AgentConfig,
+    *,
+    runs_dir: Path,
+    studio: Path | None,
+    runner: str | Runner = "process",
+    arms: Sequence[str] | None = None,
+    reps: int = 1,
+    accept_conditions: bool = False,
+    max_attempts: int = 3,
+    budget: int = 8,
+    claim_timeout: float = 6 * 3600.0,
+    progress: Progress | None = None,
+    shard: tuple[int, int] | None = None,
+) -> RunReport:
+    """Check the set, then run what has not run yet; see the module docstring.
+
+    ``shard=(i, n)`` runs only the slots whose id falls in shard i of n, so machines can
+    share a set on one store; each writes its jobs' records, and a last unsharded run (which
+    finds every slot done) records every job whole.
+    """
+    if reps < 1:
+        raise MedomniError(f"--reps must be at least 1, got {reps}")
+    if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+        raise MedomniError(f"shard {shard[0]}/{shard[1]}: want i/n with 0 <= i < n")
+    view = show_set(store, name)
+    if not view.entries or view.build is None:
+        raise MedomniError(f"task set {name} has no build; run `medomni studio taskset build`")
+    entries = _entries(view, arms)
+    impl = get_runner(runner) if isinstance(runner, str) else runner
+    check_posix_permissions(runs_dir)
+    agent_id = store.put(agent)
+    problems: list[str] = []
+    notices: list[str] = []
+    built = check_built(store, entries, problems)
+    check_routes(store, entries, agent, studio, accept_conditions, problems, notices)
+    if problems:  # damaged tasks cannot even be planned; report before reading them again
+        raise CheckFailed(sorted(dict.fromkeys(problems)))
+
+    builds = arm_builds(view.record.builder)
+    # one job per arm (and rung) x repetition, over every pair of the set
+    groups: dict[tuple[str, str], list[SetEntry]] = {}
+    for e in entries:
+        groups.setdefault((e.arm, e.arm_variant), []).append(e)
+    planned: list[_Planned] = []
+    checks: dict[ObjectId, FormatCheck] = {}
+    for (arm, variant), group in groups.items():
+        encoders = builds[arm].encoders if arm in builds else "none"
+        label = arm_label(arm, variant)
+        atoms: list[tuple[ObjectId, AtomTask]] = []
+        for e in group:
+            atoms += built[e.result]
+        rows = arm_rows(store, view.build, arm, variant)
+        for rep in range(1, reps + 1):
+            job = Job(
+                name="",
+                folder=runs_dir,
+                store=store,
+                agent=agent,
+                agent_id=agent_id,
+                arm=arm,
+                arm_variant=variant,
+                encoders=encoders,
+                repetition=rep,
+                budget=budget,
+                runner=impl.name,
+            )
+            previous: dict[ObjectId, ObjectId | None] = {}
+            # resume: one batch of ref reads per job, then only outcome and attempt of runs
+            slots = slot_digests([aid for aid, _ in atoms], agent_id, label, rep)
+            lasts = store.refs.get_many_ids(SLOT_REFS, slots)
+            states = run_states(store, [r for r in lasts if r is not None])
+            for (aid, atom), digest, last in zip(atoms, slots, lasts, strict=True):
+                if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:
+                    continue
+                attempt = 1
+                if last is not None:
+                    outcome, tried = states[last]
+                    if outcome in AGENT_OUTCOMES or tried >= max_attempts:
+                        continue  # done (or given up on): resume skips it
+                    attempt = tried + 1
+                check = checks.get(atom.format_check)
+                if check is None:
+                    check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
+                slot = id_from_digest(digest)  # only a slot that runs needs its id
+                job.trials.append(TrialSpec(slot, attempt, aid, atom, check))
+                previous[slot] = last
+            planned.append(_Planned(job, previous, slots, rows))
+            if job.trials:
+                problems += [f"{label} r{rep}: {p}" for p in impl.check(job)]
+    if problems:
+        raise CheckFailed(sorted(dict.fromkeys(problems)))
+
+    report = RunReport(view.task_set, agent_id, notices=notices)
+    if store.refs.get(agent_ref(agent.name)) != agent_id:
+        # harnesses of one set may start together: retry, the last config named wins
+        store.refs.update(agent_ref(agent.name), lambda _cur: agent_id, message="bench run")
+    for p in planned:
+        report.jobs.append(_run_job(store, view, impl, p, runs_dir, claim_timeout, progress))
+    return report
+
+
+# -- running ----------------------------------------------------------------------------------
+def _folder_name(set_name: str, agent: str, arm_label: str, rep: int, stamp: str) -> str:
+    return f"{set_name.replace('/', '.')}--{agent}--{arm_label}--r{rep}--{stamp}"
+
+
+def _job_started(store: Store, view: SetView, job: Job) -> tuple[str, str]:
+    """The job's start time and run folder name: its record's, else those kept from its
+    first start (`runs/job-names/<key>`), so a job killed before its record was written
+    resumes in the same run folder, where a runner may keep files of its own (the Harbor
+    runner's job folders)."""
+    key = (view.task_set, job.agent_id, job.arm_label, job.repetition)
+    old_job = store.refs.get(job_ref(*key))
+    if old_job is not None:
+        old = store.get(old_job, JobRecord)
+        return old.started, old.name
+    name_ref = job_name_ref(*key)
+    pending = store.refs.get(name_ref)
+    if pending is None:
+        started = datetime.now(UTC).isoformat(timespec="milliseconds")
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        name = _folder_name(view.name, job.agent.name, job.arm_label, job.repetition, stamp)
+        mine = store.put_blob(f"{started}\n{name}".encode())
+        if store.refs.add_if_new(name_ref, mine, "job started"):
+            return started, name
+        pending = store.refs[name_ref]  # another harness started it first
+    started, name = store.read_blob(pending).decode().split("\n", 1)
+    return started, name
+
+
+def _run_job(
+    store: Store,
+    view: SetView,
+    impl: Runner,
+    planned: _Planned,
+    runs_dir: Path,
+    claim_timeout: float,
+    progress: Progress | None,
+) -> JobReport:
+    job, slots = planned.job, planned.slots
+    started, job.name = _job_started(store, view, job)
+    job.folder = runs_dir / job.name
+    ran = infra = 0
+    sweep(store, slots, {t.slot for t in job.trials}, claim_timeout)
+    if job.trials:
+        # claim every slot first: another harness on this store skips what we hold
+        job.trials = [t for t in job.trials if claim(store, t.slot, claim_timeout)]
+        specs = {t.slot: t for t in job.trials}
+        try:
+            if job.trials:
+                job.folder.mkdir(parents=True, exist_ok=True)
+                impl.prepare(job)
+                for stream in (impl.run(job), impl.collect(job)):
+                    for trial in stream:
+                        spec = specs.pop(trial.slot, None)
+                        if spec is None:
+                            continue  # a runner reporting a slot twice, or one not ours
+                        previous = planned.previous[trial.slot]
+                        record_trial(store, job, spec, trial, view.task_set, previous)
+                        release(store, trial.slot)
+                        ran += 1
+                        infra += trial.outcome == "infra-error"
+                        if progress is not None:
+                            progress(job.name, ran, len(job.trials))
+        finally:
+            for slot in specs:
+                release(store, slot)  # not run (runner stopped early): free for the next try
+    runs = _final_runs(store, slots)
+    assert view.build is not None  # run_set refuses a set without one
+    jid = record_job(
+        store,
+        job,
+        runs,
+        task_set=view.task_set,
+        set_build=view.build,
+        rows=planned.rows,
+        started=started,
+    )
+    if runs:
+        write_run_folder(store, jid, job.folder)
+    return JobReport(job.name, jid, job.folder, len(slots), ran, len(slots) - ran, infra)

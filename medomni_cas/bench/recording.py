@@ -1,0 +1,205 @@
+"""Where runs and jobs are recorded: every `RunRecord`, `PredictionRecord` and `JobRecord`
+is made here, and nowhere else.
+
+* `judge_answer`: the harness's verdict on a trial's answer (JSON, the format check, the
+  served model), which may turn a runner's "answered" into "malformed" or "agent-failed".
+* `record_trial`: one trial as a run (answer, predictions, encoder call log, logs) and the
+  slot's ref ``runs/slots/<slot>`` moved to it; returns the run's id.
+* `record_job`: a job's final runs as a `JobRecord` with its `PredictionColumns`, and its
+  ref ``runs/jobs/<key>``; returns the job's id.
+
+The harness (`medomni_cas.bench.harness`) calls them as trials end and jobs finish; runners
+never write to the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import SupportsFloat, cast
+
+import msgspec
+
+from medomni_cas.bench.columns import ArmRows, prediction_columns
+from medomni_cas.bench.encoder_calls import meets_arm
+from medomni_cas.bench.records import (
+    AgentBlock,
+    AgentConfig,
+    EncoderServed,
+    JobRecord,
+    Outcome,
+    PredictionRecord,
+    RunRecord,
+)
+from medomni_cas.bench.refnames import job_ref, slot_ref
+from medomni_cas.bench.runners import Job, Trial, TrialSpec
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
+from medomni_cas.studio.records import SCORES_KEY
+
+__all__ = ["judge_answer", "record_job", "record_trial"]
+
+
+def judge_answer(
+    spec: TrialSpec, trial: Trial, agent: AgentConfig
+) -> tuple[Outcome, dict[str, object], list[str]]:
+    """The run's outcome, the answer's values by target (empty unless it stands) and every
+    error: the runner's, then the answer's.
+
+    Only an "answered" trial is judged: an answer that is not JSON or fails the format check
+    is "malformed"; one from another model than the config's served model is "agent-failed".
+    """
+    errors = list(trial.errors)
+    if trial.outcome != "answered":
+        return trial.outcome, {}, errors
+    outcome: Outcome = "answered"
+    values: dict[str, object] = {}
+    try:
+        parsed = msgspec.json.decode(trial.answer or b"")
+    except msgspec.DecodeError as e:
+        parsed, problems = None, [f"the answer is not JSON: {e}"]
+    else:
+        problems = spec.format_check.problems(parsed)
+    if problems:
+        outcome = "malformed"
+        errors += problems
+    else:
+        values = parsed
+    if agent.served_model and trial.served_model != agent.served_model:
+        outcome = "agent-failed"
+        errors.append(
+            f"served model {trial.served_model!r} is not the config's {agent.served_model!r}"
+        )
+        values = {}
+    return outcome, values, errors
+
+
+def _value(kind: str, value: object) -> str | float:
+    return cast(str, value) if kind == "class" else float(cast(SupportsFloat, value))
+
+
+def _predictions(
+    run_id: str, spec: TrialSpec, values: Mapping[str, object], intelligence: str
+) -> list[PredictionRecord]:
+    """One record per target the answer gives. The values passed the format check: a class
+    target's is a label, any other's a number, and the scores map classes to numbers."""
+    scores = cast("Mapping[str, Mapping[str, float]]", values.get(SCORES_KEY, {}))
+    return [
+        PredictionRecord(
+            run_id=run_id,
+            atom=spec.atom_id,
+            target=t.name,
+            value=_value(t.kind, values[t.name]),
+            intelligence=intelligence,
+            scores={c: float(p) for c, p in scores.get(t.name, {}).items()},
+        )
+        for t in spec.format_check.targets
+        if t.name in values
+    ]
+
+
+def record_trial(
+    store: Store,
+    job: Job,
+    spec: TrialSpec,
+    trial: Trial,
+    task_set: ObjectId,
+    previous: ObjectId | None,
+) -> ObjectId:
+    """Record ``trial``, the run of ``spec``'s slot after run ``previous`` (None for its
+    first), and move the slot's ref to it; the run's id."""
+    outcome, values, errors = judge_answer(spec, trial, job.agent)
+    answer_id = store.put_blob(trial.answer) if trial.answer is not None else None
+    run_id = f"{spec.slot.hex()}-{trial.attempt}"
+    pred_ids = store.put_many(_predictions(run_id, spec, values, job.agent.kind))
+    calls = trial.encoder_calls
+    log_id = None
+    if calls:
+        log_id = store.put_blob(b"".join(msgspec.json.encode(c) + b"\n" for c in calls))
+    ok, why = (True, "")
+    if job.encoders != "none" or calls:
+        ok, why = meets_arm(job.encoders, calls)
+    logs = None
+    if trial.logs:
+        logs = store.put_tree({n: store.put_blob(b) for n, b in sorted(trial.logs.items())})
+    record = RunRecord(
+        run_id=run_id,
+        slot=spec.slot.hex(),
+        attempt=trial.attempt,
+        previous=previous,
+        intelligence=job.agent.kind,
+        agent_config=job.agent_id,
+        task_set=task_set,
+        atom=spec.atom_id,
+        pair=spec.atom.pair,
+        task_version=spec.atom.version,
+        config=spec.atom.config,
+        repetition=job.repetition,
+        runner=job.runner,
+        outcome=outcome,
+        served_model=trial.served_model,
+        cost_usd=trial.cost_usd,
+        tokens_in=trial.tokens_in,
+        tokens_out=trial.tokens_out,
+        errors=tuple(errors),
+        started=trial.started,
+        finished=trial.finished,
+        elapsed_ms=trial.elapsed_ms,
+        agent_block=AgentBlock(
+            arm=job.arm,
+            arm_variant=job.arm_variant,
+            encoders=job.encoders,
+            encoders_served=tuple(
+                EncoderServed(name=e.name, version=e.version, digest=e.digest)
+                for e in trial.encoders_served
+            ),
+            encoder_calls=sum(1 for c in calls if c.status == "ok"),
+            encoder_log=log_id,
+            meets_arm=ok,
+            meets_arm_reason=why,
+            files_opened=tuple(trial.files_opened),
+        ),
+        answer=answer_id,
+        logs=logs,
+        predictions=tuple(pred_ids),
+    )
+    rid = store.put(record)
+    store.refs.set(
+        slot_ref(spec.slot), rid, expected=previous, message=f"{outcome} attempt {trial.attempt}"
+    )
+    return rid
+
+
+def record_job(
+    store: Store,
+    job: Job,
+    runs: Sequence[ObjectId],
+    *,
+    task_set: ObjectId,
+    set_build: ObjectId,
+    rows: ArmRows,
+    started: str,
+) -> ObjectId:
+    """Record ``job`` over ``runs``, the final run of each of its slots in the arm's atom
+    order, with its predictions as columns in ``rows``' order; move the job's ref to it.
+    The job's id (the same when nothing ran since the last record)."""
+    records = [store.get(r, RunRecord) for r in runs]
+    table = store.put(prediction_columns(store, rows, records, job.agent.kind))
+    record = JobRecord(
+        name=job.name,
+        task_set=task_set,
+        set_build=set_build,
+        agent_config=job.agent_id,
+        arm=job.arm,
+        arm_variant=job.arm_variant,
+        repetition=job.repetition,
+        runner=job.runner,
+        runs=tuple(runs),
+        attempts=sum(r.attempt for r in records),
+        predictions=table,
+        started=started,
+    )
+    jid = store.put(record)
+    ref = job_ref(task_set, job.agent_id, job.arm_label, job.repetition)
+    if store.refs.get(ref) != jid:
+        store.refs.update(ref, lambda _cur: jid, message=f"job {job.name}")
+    return jid
