@@ -39,7 +39,6 @@ from benchmarks_perf._timing import median_time, timed
 from medomni_cas.bench.columns import (
     PREDICTION_COLUMNS,
     answer_columns,
-    answers_ref,
     arm_rows,
     put_columns,
     read_column,
@@ -53,6 +52,7 @@ from medomni_cas.bench.records import (
     PredictionTable,
     ScoreRow,
 )
+from medomni_cas.bench.refnames import answers_ref
 from medomni_cas.bench.scorer import score_jobs
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.ids import ObjectId

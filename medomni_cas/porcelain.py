@@ -35,8 +35,9 @@ from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import RunReport, run_set
 from medomni_cas.bench.records import AgentConfig
+from medomni_cas.bench.refnames import result_ref
 from medomni_cas.bench.runners import Runner, get_runner
-from medomni_cas.bench.scorer import Scored, jobs_of, result_ref, score_jobs, write_results
+from medomni_cas.bench.scorer import Scored, jobs_of, score_jobs, write_results
 from medomni_cas.errors import InvalidName, MedomniError
 from medomni_cas.store import sync
 from medomni_cas.store.ids import ObjectId

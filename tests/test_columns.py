@@ -19,7 +19,6 @@ from medomni_cas.bench.columns import (
     PREDICTION_COLUMNS,
     ColumnsError,
     answer_columns,
-    answers_ref,
     arm_rows,
     column_bytes,
     make_answer_columns,
@@ -35,6 +34,7 @@ from medomni_cas.bench.records import (
     PredictionTable,
     ScoreRow,
 )
+from medomni_cas.bench.refnames import answers_ref
 from medomni_cas.bench.runfolders import import_run_folder
 from medomni_cas.bench.scorer import jobs_of, score_jobs
 from medomni_cas.cli import main

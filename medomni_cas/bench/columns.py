@@ -64,7 +64,6 @@ __all__ = [
     "KeyGroup",
     "Truths",
     "answer_columns",
-    "answers_ref",  # re-exported from bench.refnames, where it lives
     "arm_rows",
     "column_bytes",
     "make_answer_columns",

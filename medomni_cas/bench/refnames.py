@@ -54,7 +54,7 @@ ANSWER_REFS = "scores/answers/"
 
 
 def slot_ref(slot: bytes) -> str:
-    """``runs/slots/<slot hex>``: the slot's latest run (`Refs.get_many_ids` reads a batch)."""
+    """``runs/slots/<slot hex>``: the slot's latest run (`Refs.get_many_by_id` reads a batch)."""
     return f"{SLOT_REFS}{slot.hex()}"
 
 

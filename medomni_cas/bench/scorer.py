@@ -55,7 +55,6 @@ __all__ = [
     "Scored",
     "jobs_of",
     "prediction_table",
-    "result_ref",  # re-exported from bench.refnames, where it lives, for notebook.py
     "score_jobs",
     "write_results",
 ]

@@ -40,8 +40,8 @@ from medomni_cas.audit.provenance import Provenance
 from medomni_cas.audit.verify import VerifyReport
 from medomni_cas.bench.harness import RunReport
 from medomni_cas.bench.records import AgentConfig, Result
+from medomni_cas.bench.refnames import JOB_REFS, RESULT_REFS, result_ref
 from medomni_cas.bench.runners import Runner
-from medomni_cas.bench.scorer import result_ref
 from medomni_cas.notebook import tables
 from medomni_cas.notebook.html import esc, kv_table, value_html
 from medomni_cas.notebook.views import ResultView, TaskSetView
@@ -49,6 +49,7 @@ from medomni_cas.porcelain import Bar, Folders, Progress
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.store.url import open_store
+from medomni_cas.studio.refnames import TASK_SET_REFS
 from medomni_cas.studio.tasksets import show_set
 from medomni_cas.workspace import Workspace
 
@@ -119,7 +120,8 @@ class WorkspaceView:
 
     # -- task sets -------------------------------------------------------------------------------
     def task_set_names(self) -> list[str]:
-        return sorted(n.removeprefix("tasksets/") for n, _ in self.store.refs.items("tasksets/"))
+        refs = self.store.refs.items(TASK_SET_REFS)
+        return sorted(n.removeprefix(TASK_SET_REFS) for n, _ in refs)
 
     def task_sets(self) -> pa.Table:
         """One row per recorded task set with its latest build: name, task set hash,
@@ -169,7 +171,9 @@ class WorkspaceView:
             rid = self.store.refs.get(result_ref(set_name))
             refs = {set_name: rid} if rid is not None else {}
         else:
-            refs = {n.removeprefix("results/"): rid for n, rid in self.store.refs.items("results/")}
+            refs = {
+                n.removeprefix(RESULT_REFS): rid for n, rid in self.store.refs.items(RESULT_REFS)
+            }
         views = [self.result(refs[name]) for name in sorted(refs)]
         return tables.results_table(
             (name, v.id, v.task_set, v.table) for name, v in zip(sorted(refs), views, strict=True)
@@ -315,7 +319,7 @@ class WorkspaceView:
 
         counts = [
             sum(1 for _ in self.store.refs.items(prefix))
-            for prefix in ("tasksets/", "runs/jobs/", "results/")
+            for prefix in (TASK_SET_REFS, JOB_REFS, RESULT_REFS)
         ]
         return [
             ("store", self.url),

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from medomni_cas._extras import require
 from medomni_cas.bench.records import AgentConfig, JobRecord, RunRecord
+from medomni_cas.bench.refnames import JOB_REFS
 from medomni_cas.bench.schemas import (
     ATOM_SCHEMA,
     JOB_COLUMNS,
@@ -32,7 +33,7 @@ from medomni_cas.bench.scorer import prediction_table
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.studio.records import AtomTask, BuildResult, SetBuild, SetEntry, TaskSetRecord
-from medomni_cas.studio.tasksets import set_build_ref
+from medomni_cas.studio.refnames import SET_BUILD_REFS, TASK_SET_REFS, set_build_ref
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,14 +129,14 @@ class Names:
 def task_sets_table(store: Store) -> pa.Table:
     """One row per recorded task set (``tasksets/…``) with its latest build
     (``studio/sets/…``): name, task set hash, builder, arms, pairs, entries built."""
-    refs = dict(store.refs.items("tasksets/"))
-    builds = dict(store.refs.items("studio/sets/"))
+    refs = dict(store.refs.items(TASK_SET_REFS))
+    builds = dict(store.refs.items(SET_BUILD_REFS))
     records = dict(store.get_many(dict.fromkeys(refs.values()), TaskSetRecord))
     set_builds = dict(store.get_many(dict.fromkeys(builds.values()), SetBuild))
 
     def rows() -> Iterable[dict[str, object]]:
         for ref in sorted(refs):
-            name = ref.removeprefix("tasksets/")
+            name = ref.removeprefix(TASK_SET_REFS)
             rid = refs[ref]
             rec = records[rid]
             sb_id = builds.get(set_build_ref(name))
@@ -197,7 +198,7 @@ def jobs(
 ) -> list[Job]:
     """Every job (``runs/jobs/…``), optionally of one task set (by name: every version of
     it) and some agents, in (set, agent, arm, variant, repetition, start) order."""
-    ids = [jid for _, jid in store.refs.items("runs/jobs/")]
+    ids = [jid for _, jid in store.refs.items(JOB_REFS)]
     records = dict(store.get_many(dict.fromkeys(ids), JobRecord))
     sets = names.sets(r.task_set for r in records.values())
     agents = names.agents(r.agent_config for r in records.values())

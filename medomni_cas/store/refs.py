@@ -180,9 +180,6 @@ class Refs:
         check_ref_name(prefix + ids[0].hex())
         return _as_ids(self._backend.ref_get_prefixed(prefix, ids))
 
-    # the old name, until bench/harness.py (being split into a package) calls get_many_by_id
-    get_many_ids = get_many_by_id
-
     def __getitem__(self, name: str) -> ObjectId:
         value = self.get(name)
         if value is None:

@@ -51,7 +51,6 @@ __all__ = [
     "publish",
     "rebuild",
     "record_task_set",
-    "set_build_ref",  # re-exported from studio.refnames, where it lives, for notebook.py
     "show_set",
     "task_set_record",
 ]

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from medomni_cas.store.host import pid_alive
+
 __all__ = [
     "EXECUTOR",
     "LABEL",
@@ -77,13 +79,9 @@ def _alive(label: str) -> bool:
         return False
     if host != socket.gethostname():
         return True  # another machine's: never ours to remove
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
+    if not pid.isdecimal():
+        return True  # not a pid we can check: kept
+    return pid_alive(int(pid))
 
 
 def remove_stale(host: str | None = None) -> list[str]:

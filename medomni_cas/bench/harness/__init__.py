@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import msgspec
-
 from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
 from medomni_cas.bench.harness.checks import (
     CheckFailed,
@@ -44,7 +42,8 @@ from medomni_cas.bench.records import (
 from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, job_name_ref, job_ref
 from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, TrialSpec, get_runner
-from medomni_cas.errors import MedomniError
+from medomni_cas.errors import InvalidObject, MedomniError
+from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, id_from_digest
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_builds, arm_label
@@ -99,29 +98,30 @@ class _Planned:
 
 
 # -- resume -----------------------------------------------------------------------------------
-class _RunState(msgspec.Struct):
-    """What resume reads of a run record; msgspec skips the other fields undecoded."""
+class _RunState(encoding.View):
+    """What resume reads of a run record; the other fields are skipped undecoded."""
+
+    __kind__ = RunRecord.__kind__
+    __version__ = RunRecord.__version__
 
     outcome: str
     attempt: int
 
 
-_RUN_STATE = msgspec.msgpack.Decoder(tuple[str, int, _RunState])
-
-
 def run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, tuple[str, int]]:
     """Each run's (outcome, attempt), read from its verified bytes: all resume needs."""
     out = {}
-    for rid, data in store.get_raw_many(runs):  # verified bytes
-        kind, _, state = _RUN_STATE.decode(data)  # type: ignore[arg-type]
-        if kind != RunRecord.__kind__:
-            raise MedomniError(f"run slot points at {rid}, a {kind}, not a run record")
+    for rid, data in store.get_raw_many(runs):  # verified bytes (never None: no allow_missing)
+        try:
+            state = encoding.decode_view(data, _RunState)  # type: ignore[arg-type]
+        except InvalidObject as e:
+            raise MedomniError(f"run slot points at {rid}: {e}") from None
         out[rid] = (state.outcome, state.attempt)
     return out
 
 
 def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
-    return [rid for rid in store.refs.get_many_ids(SLOT_REFS, slots) if rid is not None]
+    return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def run_set(
             previous: dict[ObjectId, ObjectId | None] = {}
             # resume: one batch of ref reads per job, then only outcome and attempt of runs
             slots = slot_digests([aid for aid, _ in atoms], agent_id, label, rep)
-            lasts = store.refs.get_many_ids(SLOT_REFS, slots)
+            lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
             states = run_states(store, [r for r in lasts if r is not None])
             for (aid, atom), digest, last in zip(atoms, slots, lasts, strict=True):
                 if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:

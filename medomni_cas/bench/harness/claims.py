@@ -15,6 +15,7 @@ import time
 from collections.abc import Collection, Iterable
 
 from medomni_cas.bench.refnames import CLAIM_REFS, claim_ref, slot_of_claim
+from medomni_cas.store.host import pid_alive
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 
@@ -26,17 +27,6 @@ def _claim_blob(store: Store) -> ObjectId:
     return store.put_blob(me.encode())
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (one we may not signal does)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stale(store: Store, claim: ObjectId, timeout: float) -> bool:
     try:
         host, pid, t = store.read_blob(claim).decode().split()
@@ -44,7 +34,7 @@ def _stale(store: Store, claim: ObjectId, timeout: float) -> bool:
         return True
     if time.time() - float(t) > timeout:
         return True
-    return host == socket.gethostname() and not _alive(int(pid))
+    return host == socket.gethostname() and not pid_alive(int(pid))
 
 
 def claim(store: Store, slot: ObjectId, timeout: float) -> bool:
