@@ -501,7 +501,7 @@ class _Differ:
                 note=f"agent config {short(jobs[jid].agent_config)}",
             )
         # an agent config (or runner) change is named once per agent, not once per job
-        uses: Counter[tuple[bytes, bytes]] = Counter(
+        uses: Counter[tuple[ObjectId, ObjectId]] = Counter(
             (jobs[x].agent_config, jobs[y].agent_config) for x, y in pairs
         )
         for (ca, cb), n in uses.items():

@@ -66,7 +66,7 @@ CORRUPT = "corrupt"
 MISSING = "missing"
 MALFORMED = "malformed"
 
-Progress = Callable[[int], None]
+Progress = Callable[[int], object]  # what it returns is ignored
 
 
 class VerifyProblem(msgspec.Struct, kw_only=True):

@@ -36,7 +36,7 @@ class UnknownAgent(MedomniError, KeyError):
         return str(self.args[0])
 
 
-class LimitsSpec(Spec, kw_only=True):
+class LimitsSpec(Spec, frozen=True, kw_only=True):
     """The run limits of an agent, per atom task; a limit left out is not set.
 
     Fields:
@@ -56,7 +56,7 @@ class LimitsSpec(Spec, kw_only=True):
                 yield name, "a limit is not negative"
 
 
-class Settings(Spec, kw_only=True, forbid_unknown_fields=False):
+class Settings(Spec, frozen=True, kw_only=True, forbid_unknown_fields=False):
     """The scaffold, the model name to check, the limits; other keys are the scaffold's.
 
     Keys other than these three are passed through to the runner as the scaffold's options
@@ -76,7 +76,7 @@ class Settings(Spec, kw_only=True, forbid_unknown_fields=False):
     limits: LimitsSpec = LimitsSpec()
 
 
-class AgentFile(Spec, kw_only=True):
+class AgentFile(Spec, frozen=True, kw_only=True):
     """``bench/agents/<name>.yaml``: an agent config; its name is the file's stem.
 
     Fields:

@@ -227,7 +227,7 @@ class EcgSummary(BaseEncoder):
 
     name = "ecg-summary"
     version = "1.0.0"
-    families = ("ecg",)
+    families: tuple[str, ...] = ("ecg",)
     description = (
         "Summary features of a resting 12-lead ECG: heart rate and RR intervals (R peaks on "
         "the rhythm lead), QRS amplitude and noise per lead, T-wave amplitude, signal quality."

@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 Kind = Literal["classification", "numeric", "scores"]
-ArrayLike = pa.Array | pa.ChunkedArray | np.ndarray | Sequence[Any]
+type ArrayLike = pa.Array | pa.ChunkedArray | np.ndarray | Sequence[Any]
 
 # Resamples are drawn in blocks of about this many row indices (8 MB a block), so memory
 # stays bounded for any n. The block size depends on n only, never on the metric, so for one
@@ -289,7 +289,7 @@ def _per_class(d: _Labels, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarr
     return c[:, 1], c[:, 0] + c[:, 1]
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def _ratio(num: np.ndarray, den: np.ndarray | int) -> np.ndarray:
     """``num / den``, NaN where ``den`` is 0."""
     num = np.asarray(num, dtype=np.float64)
     return np.divide(num, den, out=np.full(num.shape, np.nan), where=den != 0)

@@ -20,10 +20,9 @@ from functools import lru_cache, partial
 from typing import Any, Literal, get_args
 
 import blake3
-import msgspec
 
 from medomni_cas.store import encoding
-from medomni_cas.store.encoding import Record
+from medomni_cas.store.encoding import Part, Record
 from medomni_cas.store.ids import ObjectId, hash_bytes, id_from_digest
 
 __all__ = [
@@ -58,13 +57,13 @@ OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 AGENT_OUTCOMES: tuple[Outcome, ...] = OUTCOMES[:4]
 
 
-class Limits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Limits(Part, frozen=True, kw_only=True):
     time_sec: int | None = None
     tokens: int | None = None
     cost_usd: float | None = None
 
 
-class AgentConfig(Record, kw_only=True):
+class AgentConfig(Record, frozen=True, kw_only=True):
     """``bench/agents/<name>.yaml`` as stored; its id is the agent config id of run slots."""
 
     __kind__ = "medomni.agent-config"
@@ -80,7 +79,7 @@ class AgentConfig(Record, kw_only=True):
     options: dict[str, Any] = {}  # the scaffold's own settings (a command, a replay source)
 
 
-class RunSlot(Record, kw_only=True):
+class RunSlot(Record, frozen=True, kw_only=True):
     """What a run slot is: its id is the hash of these four. Never stored, only hashed."""
 
     __kind__ = "medomni.run-slot"
@@ -149,7 +148,7 @@ def slot_digests(
     # one hasher, reset after each slot: a new one per slot costs a quarter of the time
     hasher = blake3.blake3()
     update, digest, reset = hasher.update, hasher.digest, hasher.reset
-    digests = []
+    digests: list[bytes] = []
     keep = digests.append
     for a in atoms:
         update(head + a + tail)
@@ -165,13 +164,13 @@ def slot_ids(
     return list(map(_wrap_id, slot_digests(atoms, agent_config, arm_label, repetition)))
 
 
-class EncoderServed(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class EncoderServed(Part, frozen=True, kw_only=True):
     name: str
     version: str
     digest: str  # the encoder's digest, or its image digest when served from a container
 
 
-class AgentBlock(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class AgentBlock(Part, frozen=True, kw_only=True):
     """The run's agent block: the arm and what it attached."""
 
     arm: str
@@ -185,7 +184,7 @@ class AgentBlock(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     files_opened: tuple[str, ...] = ()
 
 
-class RunRecord(Record, kw_only=True):
+class RunRecord(Record, frozen=True, kw_only=True):
     """One agent on one atom task, once (one attempt of one run slot)."""
 
     __kind__ = "medomni.run"
@@ -218,7 +217,7 @@ class RunRecord(Record, kw_only=True):
     predictions: tuple[ObjectId, ...] = ()
 
 
-class PredictionRecord(Record, kw_only=True):
+class PredictionRecord(Record, frozen=True, kw_only=True):
     """One answer for one target of one atom task: the only thing the scorer reads of a run.
 
     ``value`` is a number or a class label as text; ``scores`` (class -> probability), when an
@@ -235,7 +234,7 @@ class PredictionRecord(Record, kw_only=True):
     scores: dict[str, float] = {}
 
 
-class PredictionTable(Record, kw_only=True):
+class PredictionTable(Record, frozen=True, kw_only=True):
     """A job's prediction records as one Arrow IPC file (a blob): the layout before
     `PredictionColumns`, still read (the scorer hash-joins it with the answers)."""
 
@@ -246,7 +245,7 @@ class PredictionTable(Record, kw_only=True):
     table: ObjectId  # blob: Arrow IPC stream
 
 
-class PredictionColumns(Record, kw_only=True):
+class PredictionColumns(Record, frozen=True, kw_only=True):
     """A job's predictions, one blob per column (an Arrow IPC stream holding that column).
 
     Rows follow the key of the job's arm (see `medomni_cas.bench.columns`): one row per atom
@@ -261,7 +260,7 @@ class PredictionColumns(Record, kw_only=True):
     columns: dict[str, ObjectId]
 
 
-class AnswerGroup(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class AnswerGroup(Part, frozen=True, kw_only=True):
     """Rows ``start:stop`` of an `AnswerColumns`: one pair's one target."""
 
     pair: str
@@ -273,7 +272,7 @@ class AnswerGroup(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     stop: int
 
 
-class AnswerColumns(Record, kw_only=True):
+class AnswerColumns(Record, frozen=True, kw_only=True):
     """The answers of one arm (and rung) of a set build, in the key's row order.
 
     Derived from the answer keys it links, so the scorer makes it once per arm and finds it
@@ -293,7 +292,7 @@ class AnswerColumns(Record, kw_only=True):
     columns: dict[str, ObjectId]
 
 
-class JobRecord(Record, kw_only=True):
+class JobRecord(Record, frozen=True, kw_only=True):
     """One job: a task set's atoms under one arm (and rung), one agent, one repetition."""
 
     __kind__ = "medomni.job"
@@ -312,7 +311,7 @@ class JobRecord(Record, kw_only=True):
     started: str
 
 
-class ScoreRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ScoreRow(Part, frozen=True, kw_only=True):
     agent: str
     arm: str
     arm_variant: str = ""
@@ -329,7 +328,7 @@ class ScoreRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     attempts: int = 0  # runs recorded for the scored slots (more than n: infra retries)
 
 
-class Result(Record, kw_only=True):
+class Result(Record, frozen=True, kw_only=True):
     """A score: links everything it was computed from."""
 
     __kind__ = "medomni.result"

@@ -173,15 +173,15 @@ def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Prediction
         raise ScoreError(f"job {job.name}: its predictions list some (atom, target) more than once")
     joined = joined.sort_by("row")  # back in the answers' order, which the groups index
 
-    def column(name: str) -> pa.Array:
+    def joined_column(name: str) -> pa.Array:
         return joined[name].combine_chunks()
 
     return _Predictions(
-        column("value_text"),
-        column("value_num"),
-        column("attempt"),
-        column("scores"),
-        column("config"),
+        joined_column("value_text"),
+        joined_column("value_num"),
+        joined_column("attempt"),
+        joined_column("scores"),
+        joined_column("config"),
     )
 
 

@@ -8,7 +8,7 @@ import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -20,15 +20,19 @@ if TYPE_CHECKING:
 __all__ = ["bar", "bars"]
 
 
-def bars(args: argparse.Namespace) -> Progress:
-    """The porcelain's ``progress=``: bars that appear only after half a second
-    (``delay``), on a terminal, and leave no line behind."""
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    # bars appear only after half a second (``delay``), on a terminal, and leave no line
     quiet = json_mode(args) or not sys.stderr.isatty()
-    return functools.partial(tqdm, delay=0.5, disable=quiet, file=sys.stderr, leave=False)
+    return {"delay": 0.5, "disable": quiet, "file": sys.stderr, "leave": False}
+
+
+def bars(args: argparse.Namespace) -> Progress:
+    """The porcelain's ``progress=``: tqdm bars on stderr, shown as `bar` shows them."""
+    return functools.partial(tqdm, **_options(args))
 
 
 @contextmanager
 def bar(args: argparse.Namespace, total: int | None, unit: str, desc: str = "") -> Iterator[tqdm]:
     """One bar of `bars`, closed on leaving."""
-    with bars(args)(total=total, unit=unit, desc=desc) as b:
+    with tqdm(total=total, unit=unit, desc=desc, **_options(args)) as b:
         yield b

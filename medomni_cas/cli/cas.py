@@ -209,7 +209,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         entries = store.refs.history(args.name)
     if not entries:
         raise NotFound("ref", args.name)
-    data = [
+    data: list[dict[str, Any]] = [
         {
             "time": isotime(e.time),
             "timestamp": e.time,

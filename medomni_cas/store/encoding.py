@@ -33,6 +33,7 @@ __all__ = [
     "LINK_EXT",
     "LINK_MARK",
     "TREE",
+    "Part",
     "Record",
     "View",
     "decode",
@@ -93,13 +94,25 @@ _REGISTRY: dict[str, dict[int, type[Record]]] = {}
 _RAW_KINDS = {BLOB: 1, TREE: 1}
 
 
+class Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Base of every struct embedded in a record (a record's field that is a struct).
+
+    It carries the settings that decide identity, so that no embedded struct depends on
+    remembering them: frozen (a part of an immutable object is immutable), kw_only (fields
+    are named at every call site) and omit_defaults (an optional field added later does not
+    change any existing id). Subclasses pass ``frozen=True, kw_only=True`` again: msgspec
+    applies kw_only per class, and type checkers read frozen per class (PEP 681).
+    """
+
+
 class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Base of every typed object. Subclasses set ``__kind__`` (and ``__version__`` when a
     kind's schema ever changes incompatibly) and are registered by kind.
 
     frozen: objects are immutable once made; kw_only: fields are named at every call site;
     omit_defaults: an optional field added later does not change any existing id.
-    Subclasses must also pass ``kw_only=True`` (msgspec applies it per class).
+    Subclasses pass ``frozen=True, kw_only=True`` again: msgspec applies kw_only per class,
+    and type checkers read frozen per class (PEP 681); omit_defaults is inherited.
     """
 
     __kind__: ClassVar[str]

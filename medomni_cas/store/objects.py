@@ -21,7 +21,7 @@ __all__ = ["CHUNK_SIZE", "ChunkedBlob", "Tree", "UnknownObject"]
 CHUNK_SIZE = 1 << 20
 
 
-class ChunkedBlob(Record, kw_only=True):
+class ChunkedBlob(Record, frozen=True, kw_only=True):
     """A large blob: its size and the blobs of its consecutive chunks."""
 
     __kind__ = "chunked-blob"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from medomni_cas.errors import ConflictError, InvalidName, NotFound, UnsupportedOperation
+from medomni_cas.store.encoding import Part
 from medomni_cas.store.ids import ID_SIZE, ObjectId, parse_id
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def check_ref_names(names: Sequence[object]) -> None:
         check_ref_name(name)
 
 
-class RefLogEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class RefLogEntry(Part, frozen=True, kw_only=True):
     """One update of a ref: what it was, what it became, when and why."""
 
     old: bytes | None = None

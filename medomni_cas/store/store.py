@@ -40,7 +40,7 @@ from medomni_cas.store.refs import Refs, check_ref_name
 __all__ = ["Progress", "Store"]
 
 R = TypeVar("R", bound=Record)
-Progress = Callable[[int], None]
+Progress = Callable[[int], object]  # what it returns is ignored
 _BATCH = 1024
 # An LMDB commit costs the pages it dirties, so one large write batch is far cheaper per
 # record than many small ones; bounded in bytes too, so large records keep memory bounded.

@@ -304,6 +304,11 @@ def _render(
 
 
 # -- the entry point ------------------------------------------------------------------------
+def _set_to(oid: ObjectId) -> Callable[[ObjectId | None], ObjectId]:
+    """A ref update that moves the ref to ``oid`` whatever it held."""
+    return lambda _current: oid
+
+
 def build_pair(
     store: Store,
     studio_root: str | Path,
@@ -367,7 +372,7 @@ def build_pair(
         ref = pair_ref(cfg.pair, ab.name, v.name)
         if store.refs.get(ref) != result:
             store.refs.update(
-                ref, lambda _cur, r=result: r, message=f"build {cfg.pair} version {cfg.version}"
+                ref, _set_to(result), message=f"build {cfg.pair} version {cfg.version}"
             )
         out.append(Built(cfg.pair, ab.name, v.name, result, cfg_id, cached))
     return out

@@ -21,6 +21,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import zarr
 
 from medomni_cas.studio.arrays import open_array_group
 from medomni_cas.studio.errors import BuildError
@@ -208,7 +209,10 @@ def evidence_files(
         if a.name in cut_families:
             continue
         with open_array_group(root, a) as group:
-            ids = np.asarray(group["patient_id"][:]).tolist()
+            patient_ids = group["patient_id"]
+            if not isinstance(patient_ids, zarr.Array):
+                raise BuildError(f"array family {a.name}: patient_id is a group, not an array")
+            ids = np.asarray(patient_ids[:]).tolist()
             row_of = {p: i for i, p in enumerate(ids)}
             attrs = _SORTED.encode(dict(group.attrs)) + b"\n"
             family_of[f"{a.name}.attrs.json"] = a.name
@@ -221,7 +225,8 @@ def evidence_files(
                 if not present:
                     continue
                 # one orthogonal read decodes each chunk once, not once per patient
-                rows = np.asarray(arr.oindex[np.asarray([row_of[p] for p in present])])
+                at = np.asarray([row_of[p] for p in present], dtype=np.int64)
+                rows = np.asarray(arr.oindex[at])
                 for p, row in zip(present, rows, strict=True):
                     buf = io.BytesIO()
                     np.lib.format.write_array(buf, np.ascontiguousarray(row), version=(1, 0))

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import msgspec
 import numpy as np
@@ -73,7 +73,7 @@ class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     per class)."""
 
 
-class Guard(_Spec, kw_only=True):
+class Guard(_Spec, frozen=True, kw_only=True):
     """What a label reads, which the build step cuts from the evidence.
 
     Either rows of a table (all of them, or those matching ``where``; only ``column`` of them
@@ -103,7 +103,7 @@ class Guard(_Spec, kw_only=True):
             yield "period", f"must be one of {', '.join(PERIODS)}; got {self.period!r}"
 
 
-class Bins(_Spec, kw_only=True):
+class Bins(_Spec, frozen=True, kw_only=True):
     """Edges that turn a number into a class: ``classes[i]`` holds values in
     ``[edges[i-1], edges[i])``, so each edge belongs to the class above it.
 
@@ -175,7 +175,7 @@ class Recipe:
         raise NotImplementedError
 
 
-class _TableRecipe(_Spec, Recipe, kw_only=True, tag_field="recipe"):
+class _TableRecipe(_Spec, Recipe, frozen=True, kw_only=True, tag_field="recipe"):
     """A value of ``column`` in the rows of ``table`` that match ``where``, numeric unless
     ``bins`` turns it into a class.
 
@@ -230,21 +230,21 @@ class _TableRecipe(_Spec, Recipe, kw_only=True, tag_field="recipe"):
         return [None if f < 0 else c for f, c in zip(found, classes, strict=True)]
 
 
-class LastBefore(_TableRecipe, tag="last_before"):
+class LastBefore(_TableRecipe, tag="last_before", frozen=True):
     """The last value before the prediction time (a current state: a stage, a level)."""
 
     _after = False
     _period = "all"  # every eGFR would reveal the stage, past or future
 
 
-class FirstAfter(_TableRecipe, tag="first_after"):
+class FirstAfter(_TableRecipe, tag="first_after", frozen=True):
     """The first value after the prediction time (a forecast); only later rows are guarded."""
 
     _after = True
     _period = "after"
 
 
-class FunctionRecipe(_Spec, Recipe, kw_only=True, tag_field="recipe"):
+class FunctionRecipe(_Spec, Recipe, frozen=True, kw_only=True, tag_field="recipe"):
     """A label computed by a plugged-in function, registered under its entry point's name.
 
     The function is called as ``fn(table, requests, patient_key=..., time_column=...,
@@ -395,13 +395,15 @@ def register(name: str, recipe: type[Recipe] | Callable[..., Sequence[Value]]) -
             raise ValueError(f"recipe class {recipe.__name__} must be a Struct tagged {name!r}")
         cls: type[Recipe] = recipe
     elif callable(recipe):
-        cls = msgspec.defstruct(
+        made = msgspec.defstruct(
             f"FunctionRecipe_{name}",
             [],
             bases=(FunctionRecipe,),
             tag=name,
             namespace={"function": staticmethod(recipe)},
         )
+        # a subclass of FunctionRecipe, so a Recipe: msgspec's stub says only type[Struct]
+        cls = cast("type[Recipe]", made)
     else:
         raise TypeError(f"label recipe {name!r} must be a Recipe class or a function")
     types[name] = cls

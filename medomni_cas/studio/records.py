@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
-from medomni_cas.store.encoding import Record
+from medomni_cas.store.encoding import Part, Record
 from medomni_cas.store.ids import ObjectId
 
 __all__ = [
@@ -39,7 +37,7 @@ AnswerValue = str | float | None
 SCORES_KEY = "_scores"
 
 
-class BuildConfig(Record, kw_only=True):
+class BuildConfig(Record, frozen=True, kw_only=True):
     """What a pair is built from under one arm (and variant); its id is the config hash.
 
     It holds definitions only, never patient data. Fields are grouped by how a change to
@@ -69,7 +67,7 @@ class BuildConfig(Record, kw_only=True):
 COMPARABILITY = ("dataset", "dataset_release", "cohort", "labels", "targets")
 
 
-class Content(Record, kw_only=True):
+class Content(Record, frozen=True, kw_only=True):
     """The evidence of every patient of a cohort: one tree per patient, with no answers."""
 
     __kind__ = "medomni.content"
@@ -82,7 +80,7 @@ class Content(Record, kw_only=True):
     prediction_times: dict[str, str]  # patient -> ISO time
 
 
-class AnswerKey(Record, kw_only=True):
+class AnswerKey(Record, frozen=True, kw_only=True):
     """Each patient's value of each target. Stored apart: only a `BuildResult` links it."""
 
     __kind__ = "medomni.answer-key"
@@ -92,7 +90,7 @@ class AnswerKey(Record, kw_only=True):
     values: dict[str, dict[str, AnswerValue]]  # patient -> target -> value
 
 
-class TargetShape(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class TargetShape(Part, frozen=True, kw_only=True):
     """One target an answer must hold: a number, or one of ``classes``."""
 
     name: str
@@ -101,7 +99,7 @@ class TargetShape(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     question: str = ""
 
 
-class FormatCheck(Record, kw_only=True):
+class FormatCheck(Record, frozen=True, kw_only=True):
     """The answer's shape: one prediction per target. It checks shape and never scores."""
 
     __kind__ = "medomni.format-check"
@@ -149,7 +147,7 @@ class FormatCheck(Record, kw_only=True):
         return out
 
 
-class AtomEnvironment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class AtomEnvironment(Part, frozen=True, kw_only=True):
     cpus: int
     memory_mb: int
     agent_timeout_sec: int
@@ -157,7 +155,7 @@ class AtomEnvironment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     internet: bool = False
 
 
-class AtomTask(Record, kw_only=True):
+class AtomTask(Record, frozen=True, kw_only=True):
     """One patient, every target, at the patient's prediction time, under one arm.
 
     ``families`` is the manifest the harness and the perception family filter read: the
@@ -181,7 +179,7 @@ class AtomTask(Record, kw_only=True):
     config: ObjectId
 
 
-class BuildResult(Record, kw_only=True):
+class BuildResult(Record, frozen=True, kw_only=True):
     """One build of a pair under one arm and variant: what it was built from and made."""
 
     __kind__ = "medomni.build"
@@ -197,7 +195,7 @@ class BuildResult(Record, kw_only=True):
 
 
 # -- templates, task sets and benchmarks --------------------------------------------------------
-class TemplateRecord(Record, kw_only=True):
+class TemplateRecord(Record, frozen=True, kw_only=True):
     """A template as signed off: the file's content and its cohorts' versions at that time.
 
     The ref ``studio/signoff/<template>`` holds its id; from then on a change to the template
@@ -212,7 +210,7 @@ class TemplateRecord(Record, kw_only=True):
     cohorts: dict[str, str]  # cohort -> "N.X" when signed off
 
 
-class BenchmarkCard(Record, kw_only=True):
+class BenchmarkCard(Record, frozen=True, kw_only=True):
     """``benchmark.yaml``: a benchmark's card. Not part of a task set's hash."""
 
     __kind__ = "medomni.benchmark"
@@ -225,12 +223,12 @@ class BenchmarkCard(Record, kw_only=True):
     intelligence_kinds: tuple[str, ...]
 
 
-class PinnedPair(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class PinnedPair(Part, frozen=True, kw_only=True):
     task: str  # <template>@<cohort>
     n: int
 
 
-class TaskSetRecord(Record, kw_only=True):
+class TaskSetRecord(Record, frozen=True, kw_only=True):
     """A task set; its id is the task set content hash.
 
     It holds what the spec says the hash covers (every pair pinned at N, the arms, the
@@ -246,7 +244,7 @@ class TaskSetRecord(Record, kw_only=True):
     pairs: tuple[PinnedPair, ...]
 
 
-class SetEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class SetEntry(Part, frozen=True, kw_only=True):
     pair: str
     version: str  # N.X the pair was built at
     arm: str
@@ -255,7 +253,7 @@ class SetEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     result: ObjectId  # the `BuildResult`
 
 
-class SetBuild(Record, kw_only=True):
+class SetBuild(Record, frozen=True, kw_only=True):
     """One build of a whole task set: every pair under every arm (and rung)."""
 
     __kind__ = "medomni.task-set-build"
@@ -264,7 +262,7 @@ class SetBuild(Record, kw_only=True):
     entries: tuple[SetEntry, ...]
 
 
-class PublishedEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class PublishedEntry(Part, frozen=True, kw_only=True):
     """One pair under one arm as published: its config, and the ids it built to written as
     text, never as links, so that no patient data or answer is in the bundle's closure."""
 
@@ -278,7 +276,7 @@ class PublishedEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     atoms: tuple[str, ...]
 
 
-class PublishedSet(Record, kw_only=True):
+class PublishedSet(Record, frozen=True, kw_only=True):
     """What ``taskset publish --configs-only`` writes: configs, and the ids to rebuild to."""
 
     __kind__ = "medomni.published-set"

@@ -72,7 +72,7 @@ TABLE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
 
 
 # -- dataset.yaml ----------------------------------------------------------------------------
-class Table(Spec, kw_only=True):
+class Table(Spec, frozen=True, kw_only=True):
     """One table of the dataset: a Parquet or CSV file (relative to the dataset folder), the
     family its columns belong to, and its time column (none for a static table).
 
@@ -98,7 +98,7 @@ class Table(Spec, kw_only=True):
             yield "file", f"a table is a {', '.join(TABLE_SUFFIXES)} file; got {self.file!r}"
 
 
-class ArrayFamily(Spec, kw_only=True):
+class ArrayFamily(Spec, frozen=True, kw_only=True):
     """A family stored as zarr v3 arrays: a ``.zarr`` folder, or (with ``ref``) a medomni
     store folder whose ref ``ref`` names the hierarchy's tree (`medomni_cas.views.zarr_store`).
     Paths are relative to the dataset folder.
@@ -135,7 +135,7 @@ class ArrayFamily(Spec, kw_only=True):
             )
 
 
-class Route(Spec, kw_only=True):
+class Route(Spec, frozen=True, kw_only=True):
     """May data of this dataset go through a route: allow, deny, or conditional (with the
     conditions the harness prints before a run).
 
@@ -157,7 +157,7 @@ class Route(Spec, kw_only=True):
             yield "conditions", f"only a conditional route has conditions, not {self.policy!r}"
 
 
-class Routes(Spec, kw_only=True):
+class Routes(Spec, frozen=True, kw_only=True):
     """The dataset's policy for each agent route (an agent config's ``route``).
 
     Fields:
@@ -169,7 +169,7 @@ class Routes(Spec, kw_only=True):
     cloud: Route
 
 
-class Dataset(Spec, kw_only=True):
+class Dataset(Spec, frozen=True, kw_only=True):
     """``studio/datasets/<dataset>/dataset.yaml``: a dataset release, its tables and array
     families, its route policies and its library of label recipes.
 
@@ -223,7 +223,7 @@ class Dataset(Spec, kw_only=True):
 
 
 # -- template.yaml ---------------------------------------------------------------------------
-class Target(Spec, kw_only=True):
+class Target(Spec, frozen=True, kw_only=True):
     """One target of a template: a label from the dataset's library, the metric that scores
     it, and the question put to the agent.
 
@@ -244,7 +244,7 @@ class Target(Spec, kw_only=True):
             yield "metric", f"unknown metric {self.metric!r} (known: {', '.join(METRICS)})"
 
 
-class Input(Spec, kw_only=True):
+class Input(Spec, frozen=True, kw_only=True):
     """The tables and families the proposal named, kept as a record.
 
     Fields:
@@ -263,7 +263,7 @@ class Input(Spec, kw_only=True):
         yield from unique(self.families, "families", "family")
 
 
-class Timeouts(Spec, kw_only=True):
+class Timeouts(Spec, frozen=True, kw_only=True):
     """How long an atom task may take.
 
     Fields:
@@ -280,7 +280,7 @@ class Timeouts(Spec, kw_only=True):
                 yield f, "a timeout is a positive number of seconds"
 
 
-class Environment(Spec, kw_only=True):
+class Environment(Spec, frozen=True, kw_only=True):
     """What an atom task runs with.
 
     Fields:
@@ -304,7 +304,7 @@ class Environment(Spec, kw_only=True):
             yield "internet", "atom tasks run with no network; internet must be false"
 
 
-class Agent(Spec, kw_only=True):
+class Agent(Spec, frozen=True, kw_only=True):
     """What an agent needs to run the task: the question, the instruction, the environment and
     where to write the answer.
 
@@ -329,7 +329,7 @@ class Agent(Spec, kw_only=True):
             yield "submission_path", f"an absolute file path in the task; got {p}"
 
 
-class Template(Spec, kw_only=True):
+class Template(Spec, frozen=True, kw_only=True):
     """``studio/datasets/<dataset>/tasks/<template>/template.yaml``: the clinical question, its
     targets and what the agent is given.
 
@@ -367,7 +367,7 @@ class Template(Spec, kw_only=True):
 
 
 # -- cohorts/<cohort>.yaml -------------------------------------------------------------------
-class RowFilter(Spec, kw_only=True):
+class RowFilter(Spec, frozen=True, kw_only=True):
     """Rows of a table that match every ``column: value`` of ``where``.
 
     Fields:
@@ -379,7 +379,7 @@ class RowFilter(Spec, kw_only=True):
     where: dict[str, str | int | float | bool] = {}
 
 
-class Inclusion(Spec, kw_only=True):
+class Inclusion(Spec, frozen=True, kw_only=True):
     """Who is in: patients with at least one row of each ``requires`` before the prediction
     time, and (by default) every target label defined.
 
@@ -394,7 +394,7 @@ class Inclusion(Spec, kw_only=True):
     labels_defined: bool = True
 
 
-class PredictionTime(Spec, kw_only=True):
+class PredictionTime(Spec, frozen=True, kw_only=True):
     """The time of the ``pick`` (first or last) matching row of ``table``, plus an offset.
 
     Fields:
@@ -416,7 +416,7 @@ class PredictionTime(Spec, kw_only=True):
             yield "pick", f"must be first or last; got {self.pick!r}"
 
 
-class PerClass(Spec, kw_only=True):
+class PerClass(Spec, frozen=True, kw_only=True):
     """How many patients of each class of one classification target.
 
     Fields:
@@ -433,7 +433,7 @@ class PerClass(Spec, kw_only=True):
                 yield "counts", f"class {cls!r} has a negative count"
 
 
-class Cohort(Spec, kw_only=True):
+class Cohort(Spec, frozen=True, kw_only=True):
     """``tasks/<template>/cohorts/<cohort>.yaml``; its name is the file's stem.
 
     Who is included, at which prediction time, and how many. The patients of a smaller cohort
@@ -469,7 +469,7 @@ class Cohort(Spec, kw_only=True):
 
 
 # -- arms/modality-ladder.yaml ---------------------------------------------------------------
-class Rung(Spec, kw_only=True):
+class Rung(Spec, frozen=True, kw_only=True):
     """One rung of the modality ladder.
 
     Fields:
@@ -484,7 +484,7 @@ class Rung(Spec, kw_only=True):
     description: str = ""
 
 
-class Ladder(Spec, kw_only=True):
+class Ladder(Spec, frozen=True, kw_only=True):
     """``tasks/<template>/arms/modality-ladder.yaml``: the modality ladder, rungs r1..r6, each
     staging the families of the one before plus ``add``, all on one ladder cohort.
 
@@ -527,7 +527,7 @@ class Ladder(Spec, kw_only=True):
 
 
 # -- bench/benchmarks/<benchmark>/ -----------------------------------------------------------
-class Benchmark(Spec, kw_only=True):
+class Benchmark(Spec, frozen=True, kw_only=True):
     """``bench/benchmarks/<benchmark>/benchmark.yaml``: the card of a benchmark.
 
     Fields:
@@ -554,7 +554,7 @@ class Benchmark(Spec, kw_only=True):
         yield from unique(self.intelligence_kinds, "intelligence_kinds", "kind")
 
 
-class Pair(Spec, kw_only=True):
+class Pair(Spec, frozen=True, kw_only=True):
     """``<template>@<cohort>`` pinned at its version N.
 
     Fields:
@@ -580,7 +580,7 @@ class Pair(Spec, kw_only=True):
         return self.task.partition("@")[2]
 
 
-class TaskSet(Spec, kw_only=True):
+class TaskSet(Spec, frozen=True, kw_only=True):
     """``bench/benchmarks/<benchmark>/sets/<set>.yaml``; its name is ``<benchmark>/<file stem>``.
 
     A task set only grows: pairs are added, never changed.

@@ -155,7 +155,7 @@ def build_set(
     bench: str | Path | None,
     data_root: str | Path | None = None,
     progress: Progress | None = None,
-    on_pair: Callable[[str, list[Built]], None] | None = None,
+    on_pair: Callable[[str, list[Built]], object] | None = None,
     shard: tuple[int, int] | None = None,
 ) -> SetBuilt | None:
     """Build every pair of ``<benchmark>/<set>`` under every arm, record the set (refusing
