@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import random
 import shutil
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import medomni_cas as mc
+from medomni_cas.store import objects, trees
 from medomni_cas.store.blobs import BlobReader
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob
@@ -465,3 +467,15 @@ def test_crafted_manifest_with_long_chunks_writes_no_file(store: mc.Store, tmp_p
     with pytest.raises(mc.InvalidObject, match="f"):
         export_tree(store, store.put_tree({"f": bad}), out)
     assert listing(out) == []
+
+
+def test_objects_does_not_import_trees() -> None:
+    # the entry-name rules live in objects.py so that Tree checks names without a cycle
+    # (objects -> trees -> objects); trees re-exports them
+    nodes = list(ast.walk(ast.parse(Path(objects.__file__).read_text())))
+    imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module} | {
+        a.name for n in nodes if isinstance(n, ast.Import) for a in n.names
+    }
+    assert not {m for m in imported if m.startswith("medomni_cas.store.trees")}
+    assert trees.check_entry_name is objects.check_entry_name
+    assert trees.MAX_ENTRY_NAME == objects.MAX_ENTRY_NAME == 255

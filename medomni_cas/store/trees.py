@@ -4,6 +4,8 @@ Every function here reads tree objects from their raw canonical bytes and re-val
 entry name, rather than trusting `Tree` (whose constructor validates, but which is only one
 way in): a tree that arrived in a bundle or from a remote may have been crafted to hold
 ``..``, ``/`` or NUL in a name, and must never make an export write outside its target.
+The rules themselves live in `medomni_cas.store.objects` beside `Tree`; `check_entry_name`
+and `MAX_ENTRY_NAME` are re-exported here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from medomni_cas.errors import InvalidName, InvalidObject, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId, parse_id
-from medomni_cas.store.objects import ChunkedBlob
+from medomni_cas.store.objects import MAX_ENTRY_NAME, ChunkedBlob, check_entry_name
 
 if TYPE_CHECKING:
     from medomni_cas.store.store import Store
@@ -39,7 +41,6 @@ __all__ = [
     "put_directory",
 ]
 
-MAX_ENTRY_NAME = 255
 #: Deepest folder nesting `export_tree` writes; deeper (crafted) trees are refused up front.
 MAX_TREE_DEPTH = 256
 CHUNKED = ChunkedBlob.__kind__
@@ -49,21 +50,6 @@ _PIECE = 1 << 20
 # objects fetched per batch while classifying entries: blobs may be 1 MiB each and some
 # backends materialise a whole batch, so this bounds memory at about _CLASSIFY_BATCH MiB
 _CLASSIFY_BATCH = 16
-
-
-def check_entry_name(name: object) -> str:
-    """Return ``name`` if it can name a tree entry, else raise `InvalidName` saying why."""
-    if not isinstance(name, str):
-        raise InvalidName(f"a tree entry name must be a string, got {type(name).__name__}")
-    if name in ("", ".", ".."):
-        raise InvalidName(f"tree entry name {name!r} is not allowed")
-    if "/" in name or "\\" in name:
-        raise InvalidName(f"tree entry name {name!r} contains a path separator")
-    if "\x00" in name:
-        raise InvalidName(f"tree entry name {name!r} contains NUL")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_ENTRY_NAME:
-        raise InvalidName(f"tree entry name is longer than {MAX_ENTRY_NAME} bytes: {name[:40]!r}…")
-    return name
 
 
 def _join(parent: str, name: str) -> str:

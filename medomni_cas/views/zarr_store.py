@@ -45,10 +45,9 @@ from medomni_cas.errors import ConflictError, InvalidName, InvalidObject
 from medomni_cas.store import encoding
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
-from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob, Tree
+from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob, Tree, check_entry_name
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
-from medomni_cas.store.trees import check_entry_name
 
 __all__ = ["VALUE_ENTRY", "CASStore", "put_zarr_directory"]
 
