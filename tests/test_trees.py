@@ -312,8 +312,13 @@ def test_corrupt_chunk_leaves_no_partial_file(store: mc.Store, tmp_path: Path) -
 
 def test_crafted_manifest_is_refused(store: mc.Store, tmp_path: Path) -> None:
     chunk = store.put_blob(b"x" * 10)
-    bad = store.put(ChunkedBlob(size=100, chunk_size=10, chunks=[chunk, chunk]))
+    # two chunks of 10 bytes cannot hold 100 (the record refuses to be made so: craft it)
+    body = {"size": 100, "chunk_size": 10, "chunks": [chunk, chunk]}
+    bad = store.put_object("chunked-blob", 1, body)
     tree = store.put_tree({"f": bad})
+    for read in (ls_tree, iter_tree):
+        with pytest.raises(mc.InvalidObject, match=f"{bad} at 'f'.*does not fit"):
+            list(read(store, tree))
     with pytest.raises(mc.InvalidObject, match="does not fit"):
         export_tree(store, tree, tmp_path / "out")
     assert not (tmp_path / "out").exists()

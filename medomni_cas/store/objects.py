@@ -16,11 +16,12 @@ from typing import Any
 
 import msgspec
 
-from medomni_cas.errors import InvalidName
+from medomni_cas.errors import InvalidName, InvalidObject
 from medomni_cas.store.encoding import TREE, Record
 from medomni_cas.store.ids import ObjectId
 
 __all__ = [
+    "CHUNKED",
     "CHUNK_SIZE",
     "MAX_ENTRY_NAME",
     "ChunkedBlob",
@@ -52,13 +53,29 @@ def check_entry_name(name: object) -> str:
 
 
 class ChunkedBlob(Record, kw_only=True):
-    """A large blob: its size and the blobs of its consecutive chunks."""
+    """A large blob: its size and the blobs of its consecutive chunks.
+
+    The sizes must add up: every chunk but the last holds ``chunk_size`` bytes and the last
+    holds the rest (1 to ``chunk_size``). A manifest that breaks this is refused (`InvalidObject`)
+    when made and when decoded; the chunks' own lengths are checked as they are read.
+    """
 
     __kind__ = "chunked-blob"
 
     size: int
     chunk_size: int
     chunks: list[ObjectId]
+
+    def __post_init__(self) -> None:
+        # a manifest whose sizes do not add up is crafted or corrupt: refused when made and
+        # when decoded, so no reader can report a size that reading then refuses
+        n, cs = len(self.chunks), self.chunk_size
+        if cs <= 0 or self.size < 0 or not (n - 1) * cs < self.size <= n * cs:
+            raise InvalidObject(f"size {self.size} does not fit {n} chunks of {cs} bytes")
+
+
+#: The kind of a `ChunkedBlob`, beside `encoding.BLOB` and `encoding.TREE`.
+CHUNKED = ChunkedBlob.__kind__
 
 
 class Tree(Mapping[str, ObjectId]):
