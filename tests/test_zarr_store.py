@@ -340,8 +340,10 @@ def test_a_corrupted_blob_is_detected_on_read() -> None:
         lambda store: store.get_sync("f"),
         lambda store: sync(store.getsize("f")),
         lambda store: sync(store.exists("f")),
+        lambda store: _listed(store.list()),
+        lambda store: _listed(store.list_dir("")),
     ],
-    ids=["get", "getsize", "exists"],
+    ids=["get", "getsize", "exists", "list", "list_dir"],
 )
 def test_a_manifest_that_does_not_add_up_is_refused_by_every_read(
     read: Callable[[CASStore], Any],

@@ -35,7 +35,9 @@ def blob_object(data: bytes | memoryview) -> tuple[ObjectId, bytes]:
     return hash_bytes(header, data), header + bytes(data)
 
 
-def _chunks(source: bytes | memoryview | BinaryIO) -> Iterator[bytes | memoryview]:
+def _split_chunks(
+    source: bytes | bytearray | memoryview | BinaryIO,
+) -> Iterator[bytes | memoryview]:
     if isinstance(source, (bytes, bytearray, memoryview)):
         mv = memoryview(source)
         for i in range(0, len(mv), CHUNK_SIZE):
@@ -66,7 +68,7 @@ def put_blob(
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as f:
             return put_blob(store, f)
-    chunks = _chunks(source)
+    chunks = _split_chunks(source)
     first = next(chunks, b"")
     second = next(chunks, None)
     if second is None:

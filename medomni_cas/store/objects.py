@@ -52,7 +52,7 @@ def check_entry_name(name: object) -> str:
     return name
 
 
-class ChunkedBlob(Record, kw_only=True):
+class ChunkedBlob(Record, frozen=True, kw_only=True):
     """A large blob: its size and the blobs of its consecutive chunks.
 
     The sizes must add up: every chunk but the last holds ``chunk_size`` bytes and the last

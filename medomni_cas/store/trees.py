@@ -124,7 +124,7 @@ def _parse_tree(oid: ObjectId, data: bytes, where: str) -> dict[str, ObjectId]:
     return body
 
 
-def _read_node(oid: ObjectId, data: bytes, where: str) -> Node:
+def _parse_node(oid: ObjectId, data: bytes, where: str) -> Node:
     """The node of an object's verified bytes; anything but a blob, chunked blob or tree is
     refused (`UnexpectedKind`), and so is a malformed one (`InvalidObject`)."""
     try:
@@ -196,7 +196,7 @@ class NodeCache:
                 raise
             # the tree names it but this store lacks it (a partial pull)
             raise NotFound("object", f"{oid} (tree entry {where!r})") from None
-        return self.add(_read_node(oid, data, where)), data
+        return self.add(_parse_node(oid, data, where)), data
 
     def node(self, oid: ObjectId, where: str = "") -> Node:
         """The node of ``oid``: `NotFound` if the store lacks it, `UnexpectedKind` if it
@@ -221,7 +221,7 @@ class NodeCache:
             for oid, data in self.store.get_raw_many(ids[i : i + _READ_BATCH], allow_missing=True):
                 if data is None:
                     raise NotFound("object", f"{oid} (tree entry {todo[oid]!r})")
-                out[oid] = self.add(_read_node(oid, data, todo[oid]))
+                out[oid] = self.add(_parse_node(oid, data, todo[oid]))
         return out
 
     def entries(self, oid: ObjectId, where: str = "") -> Mapping[str, ObjectId] | None:

@@ -132,8 +132,12 @@ class MedomniFileSystem(AbstractFileSystem):
         super().__init__(**kwargs)
         # the absolute URL of a store opened here, so a pickled instance (dask, process
         # pools) reopens the same store whatever the other side's working directory
-        self._url = None if isinstance(store, Store) else _absolute(store or default_store_url())
-        self.store = store if isinstance(store, Store) else _shared_store(self._url)
+        if isinstance(store, Store):
+            self._url: str | None = None
+            self.store = store
+        else:
+            self._url = _absolute(store or default_store_url())
+            self.store = _shared_store(self._url)
         self.root = root
         self._specs: dict[str, ObjectId] = {}  # root spec -> id, until invalidate_cache
         self._refs: dict[str, dict[str, ObjectId]] = {}  # first segment -> refs under it
@@ -196,7 +200,7 @@ class MedomniFileSystem(AbstractFileSystem):
             refs = self._refs[first] = dict(self.store.refs.items(first + "/"))
         return refs
 
-    def _locate(self, path: str) -> tuple[list[str], int, ObjectId]:
+    def _parse_path(self, path: str) -> tuple[list[str], int, ObjectId]:
         """The names of ``path``, how many of them spell its root, and the root's id."""
         parts = self._parts(path)
         if self.root is not None:
@@ -231,9 +235,9 @@ class MedomniFileSystem(AbstractFileSystem):
         except UnexpectedKind as e:
             raise NotADirectoryError(errno.ENOTDIR, str(e), spec) from None
 
-    def _lookup(self, path: str) -> tuple[str, Node]:
+    def _node_at(self, path: str) -> tuple[str, Node]:
         """The normalised name of ``path`` and the node it names."""
-        parts, k, oid = self._locate(path)
+        parts, k, oid = self._parse_path(path)
         shown = "/".join(parts)
         node = self._root_node(oid, "/".join(parts[:k]))
         for i in range(k, len(parts)):
@@ -248,7 +252,7 @@ class MedomniFileSystem(AbstractFileSystem):
         return shown, node
 
     def _file(self, path: str) -> tuple[str, Node]:
-        shown, node = self._lookup(path)
+        shown, node = self._node_at(path)
         if node.entries is not None:
             raise IsADirectoryError(errno.EISDIR, "a folder, not a file", shown)
         return shown, node
@@ -267,7 +271,7 @@ class MedomniFileSystem(AbstractFileSystem):
     # -- reading ----------------------------------------------------------------------------------
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         """The entries of a folder (or the file itself), sorted by name."""
-        shown, node = self._lookup(path)
+        shown, node = self._node_at(path)
         if node.entries is None:
             out = [self._info(shown, node)]
         else:
@@ -278,16 +282,16 @@ class MedomniFileSystem(AbstractFileSystem):
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         """name, size, type (file or directory), the object's id and kind."""
-        shown, node = self._lookup(path)
+        shown, node = self._node_at(path)
         return self._info(shown, node)
 
     def checksum(self, path: str) -> int:
         """The object id as an int: equal exactly when the contents are equal."""
-        return int.from_bytes(self._lookup(path)[1].id, "big")
+        return int.from_bytes(self._node_at(path)[1].id, "big")
 
     def ukey(self, path: str) -> str:
         """The object id in hex."""
-        return self._lookup(path)[1].id.hex()
+        return self._node_at(path)[1].id.hex()
 
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any

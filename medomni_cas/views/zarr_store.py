@@ -1,17 +1,29 @@
 """A zarr v3 store over the CAS: chunks are content-addressed blobs, a commit is a tree id.
 
+Layout
+------
 Keys map to nested trees, one tree per ``/``-separated segment: ``a/b/c/0.0`` is the blob
-``0.0`` in tree ``c`` of tree ``b`` of tree ``a``. Every value is put as a blob when it is
-set, so identical chunks are stored once and memory stays bounded: the store keeps only
-key -> blob id for uncommitted writes (and the deletions). `CASStore.commit` builds the
-changed trees bottom-up and returns the root tree id; nothing under an unchanged folder is
-read or rewritten, and the same keys and values always give the same id.
+``0.0`` in tree ``c`` of tree ``b`` of tree ``a``. A key that is both a value and a folder
+(``a`` and ``a/b``, which zarr's own hierarchies never make but a key-value store must allow)
+keeps the value of ``a`` in the entry `VALUE_ENTRY` of tree ``a``; that segment is therefore
+reserved in keys. Zarr node names may not start with ``__``, so no zarr hierarchy uses it.
 
-A key that is both a value and a folder (``a`` and ``a/b``, which zarr's own hierarchies
-never make but a key-value store must allow) keeps the value of ``a`` in the entry
-`VALUE_ENTRY` of tree ``a``; that segment is therefore reserved in keys. Zarr node names may
-not start with ``__``, so no zarr hierarchy uses it.
+Writes and commits
+------------------
+Every value is put as a blob when it is set, so identical chunks are stored once and memory
+stays bounded: the store keeps only key -> blob id for uncommitted writes (and the
+deletions). `CASStore.commit` builds the changed trees bottom-up and returns the root tree
+id; nothing under an unchanged folder is read or rewritten, and the same keys and values
+always give the same id.
 
+Reads
+-----
+Trees and values are read through the store's one tree reader,
+`medomni_cas.store.trees.NodeCache`, which checks every tree and chunked-blob manifest;
+reads are verified against their ids.
+
+Example
+-------
 >>> import medomni_cas as mc, zarr
 >>> cas = mc.open("memory://")
 >>> store = CASStore(cas)
@@ -262,7 +274,7 @@ class _Session:
                 if name not in names:
                     names.add(name)
                     yield name
-        folder = self._folder(base, here)
+        folder = self._tree_at(base, here)
         if folder is None:
             return
         todo = [
@@ -282,7 +294,7 @@ class _Session:
             if visible:
                 yield key[len(lead) :]
 
-    def _folder(self, base: ObjectId | None, path: str) -> Node | None:
+    def _tree_at(self, base: ObjectId | None, path: str) -> Node | None:
         """The tree at folder ``path`` of ``base``, or None."""
         if base is None:
             return None
@@ -344,11 +356,12 @@ class _Session:
     def _apply(self, root: _Folder, path: list[str], oid: ObjectId | None, *, drop: bool) -> None:
         """Set (``oid``), delete (None) or, with ``drop``, empty the folder at ``path``."""
         create = oid is not None
-        parent: _Folder | None = root
+        parent = root
         for name in path[:-1]:
-            parent = self._open(parent, name, create=create)
-            if parent is None:
+            opened = self._open(parent, name, create=create)
+            if opened is None:
                 return
+            parent = opened
         last = path[-1]
         entry = parent.entries.get(last)
         is_folder = isinstance(entry, _Folder) or (
@@ -530,6 +543,7 @@ class CASStore(ZarrStore):
         return self._view(self._session, read_only)
 
     def __eq__(self, other: object) -> bool:
+        # docstring inherited; equal when they would read the same keys and values
         if not isinstance(other, CASStore):
             return False
         a, b = self._session, other._session
