@@ -17,7 +17,10 @@ from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob
 from medomni_cas.store.trees import (
     MAX_TREE_DEPTH,
+    Node,
+    NodeCache,
     TreeChange,
+    UnexpectedKind,
     diff_trees,
     export_tree,
     iter_tree,
@@ -484,3 +487,69 @@ def test_objects_does_not_import_trees() -> None:
     assert not {m for m in imported if m.startswith("medomni_cas.store.trees")}
     assert trees.check_entry_name is objects.check_entry_name
     assert trees.MAX_ENTRY_NAME == objects.MAX_ENTRY_NAME == 255
+
+
+# -- the node reader ---------------------------------------------------------------------------
+def test_nodes_say_what_an_id_holds(store: mc.Store) -> None:
+    small, big = store.put_blob(b"hello"), store.put_blob(b"x" * (CHUNK_SIZE + 1))
+    tree = store.put_tree({"small": small, "big": big})
+    cache = NodeCache(store)
+    node, data = cache.read(tree)
+    assert (node.id, node.kind, node.size, dict(node.entries or {})) == (
+        tree,
+        "tree",
+        2,
+        {"big": big, "small": small},
+    )
+    assert data == store.get_raw(tree)  # read just now
+    assert cache.read(tree) == (node, None)  # cached: nothing read
+    nodes = cache.nodes([(small, "small"), (big, "big"), (small, "small")])
+    assert set(nodes) == {small, big}
+    assert (nodes[small].kind, nodes[small].size, nodes[small].entries) == ("blob", 5, None)
+    assert (nodes[big].kind, nodes[big].size) == ("chunked-blob", CHUNK_SIZE + 1)
+    assert nodes[big].chunks == store.get(big, ChunkedBlob).chunks
+    assert cache.entries(small) is None and cache.entries(tree) == node.entries
+
+
+def test_node_cache_keeps_the_most_recently_used(store: mc.Store) -> None:
+    a, b, c = (store.put_blob(x) for x in (b"a", b"b", b"c"))
+    cache = NodeCache(store, max_nodes=2)
+    cache.node(a)
+    cache.node(b)
+    cache.node(a)  # a is now more recent than b
+    cache.node(c)
+    assert cache.cached(a) is not None and cache.cached(c) is not None
+    assert cache.cached(b) is None
+    unbounded = NodeCache(store)
+    for oid in (a, b, c):
+        unbounded.node(oid)
+    assert all(unbounded.cached(o) is not None for o in (a, b, c))
+
+
+def test_an_added_node_is_never_read(store: mc.Store) -> None:
+    blob = store.put_blob(b"just stored")
+    cache = NodeCache(store)
+    cache.add(Node(blob, "blob", 11))
+    store.backend.delete_many([blob])  # a read would now fail
+    assert cache.node(blob).size == 11
+
+
+def test_node_errors_name_the_id_and_where_it_was_found(store: mc.Store) -> None:
+    record = store.put_object("note", 1, {"text": "not a file"})
+    cache = NodeCache(store)
+    with pytest.raises(UnexpectedKind, match=f"object {record} is a note v1, not a tree") as e:
+        cache.node(record)  # a root
+    assert (e.value.id, e.value.kind, e.value.version, e.value.where) == (record, "note", 1, "")
+    with pytest.raises(UnexpectedKind, match=f"tree entry 'd/n' points at {record}, a note v1"):
+        cache.nodes([(record, "d/n")])
+    assert isinstance(e.value, mc.InvalidObject)
+    ghost = ObjectId(bytes(32))
+    with pytest.raises(mc.NotFound, match=f"{ghost} \\(tree entry 'd/g'\\)"):
+        cache.node(ghost, "d/g")
+    with pytest.raises(mc.NotFound, match=f"{ghost} \\(tree entry 'd/g'\\)"):
+        cache.nodes([(ghost, "d/g")])
+    with pytest.raises(mc.NotFound, match=str(ghost)):
+        cache.node(ghost)
+    crafted = store.put_object("tree", 1, {"../up": store.put_blob(b"x")})
+    with pytest.raises(mc.InvalidName, match=f"tree {crafted} at 'sub'.*path separator"):
+        cache.node(crafted, "sub")
