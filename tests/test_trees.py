@@ -520,6 +520,10 @@ def test_node_cache_keeps_the_most_recently_used(store: mc.Store) -> None:
     cache.node(c)
     assert cache.cached(a) is not None and cache.cached(c) is not None
     assert cache.cached(b) is None
+    cache.nodes([(a, "a")])  # a hit in a batch counts as a use too
+    cache.nodes([(b, "b")])
+    assert cache.cached(a) is not None and cache.cached(b) is not None
+    assert cache.cached(c) is None
     unbounded = NodeCache(store)
     for oid in (a, b, c):
         unbounded.node(oid)

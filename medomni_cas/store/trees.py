@@ -162,25 +162,37 @@ class NodeCache:
     def __init__(self, store: Store, max_nodes: int | None = None) -> None:
         self.store = store
         self.max_nodes = max_nodes
-        self._nodes: OrderedDict[ObjectId, Node] = OrderedDict()
+        # in order of use when bounded; a plain dict (faster to fill) when not
+        self._lru: OrderedDict[ObjectId, Node] | None = None
+        self._nodes: dict[ObjectId, Node] = {}
+        if max_nodes is not None:
+            self._nodes = self._lru = OrderedDict()
         self._lock = threading.Lock()
+
+    def _hit(self, oid: ObjectId) -> Node | None:
+        # the caller holds the lock
+        node = self._nodes.get(oid)
+        if node is not None and self._lru is not None:
+            self._lru.move_to_end(oid)
+        return node
+
+    def _keep(self, nodes: Iterable[Node]) -> None:
+        with self._lock:
+            self._nodes.update({node.id: node for node in nodes})
+            if self._lru is not None and self.max_nodes is not None:
+                for node in nodes:
+                    self._lru.move_to_end(node.id)
+                while len(self._lru) > self.max_nodes:
+                    self._lru.popitem(last=False)
 
     def cached(self, oid: ObjectId) -> Node | None:
         """The node of ``oid`` if it is in the cache (nothing is read)."""
         with self._lock:
-            node = self._nodes.get(oid)
-            if node is not None and self.max_nodes is not None:
-                self._nodes.move_to_end(oid)
-            return node
+            return self._hit(oid)
 
     def add(self, node: Node) -> Node:
         """Keep ``node``, e.g. of an object just stored, so that it is never read back."""
-        with self._lock:
-            self._nodes[node.id] = node
-            if self.max_nodes is not None:
-                self._nodes.move_to_end(node.id)
-                while len(self._nodes) > self.max_nodes:
-                    self._nodes.popitem(last=False)
+        self._keep((node,))
         return node
 
     def read(self, oid: ObjectId, where: str = "") -> tuple[Node, bytes | None]:
@@ -206,22 +218,29 @@ class NodeCache:
     def nodes(self, batch: Iterable[tuple[ObjectId, str]]) -> dict[ObjectId, Node]:
         """The nodes of many ``(id, where)`` at once, reading the ones not cached in
         batches; every id of ``batch`` is a key of the result."""
+        items = list(batch)  # before taking the lock: ``batch`` may be a generator
         out: dict[ObjectId, Node] = {}
         todo: dict[ObjectId, str] = {}
-        for oid, where in batch:
-            if oid in out or oid in todo:
-                continue
-            node = self.cached(oid)
-            if node is not None:
-                out[oid] = node
-            else:
-                todo[oid] = where
+        known = self._nodes
+        with self._lock:  # once per call, not once per id: listings are mostly hits
+            for oid, where in items:
+                node = known.get(oid)
+                if node is not None:
+                    out[oid] = node
+                elif oid not in todo:
+                    todo[oid] = where
+            if self._lru is not None:
+                for oid in out:
+                    self._lru.move_to_end(oid)
         ids = list(todo)
         for i in range(0, len(ids), _READ_BATCH):
+            read: list[Node] = []
             for oid, data in self.store.get_raw_many(ids[i : i + _READ_BATCH], allow_missing=True):
                 if data is None:
                     raise NotFound("object", f"{oid} (tree entry {todo[oid]!r})")
-                out[oid] = self.add(_parse_node(oid, data, todo[oid]))
+                node = out[oid] = _parse_node(oid, data, todo[oid])
+                read.append(node)
+            self._keep(read)
         return out
 
     def entries(self, oid: ObjectId, where: str = "") -> Mapping[str, ObjectId] | None:
@@ -259,8 +278,8 @@ def iter_tree(store: Store, tree_id: ObjectId | str) -> Iterator[tuple[str, Obje
 
     def level(prefix: str, node: Node) -> Iterator[tuple[str, Node]]:
         entries = _tree(node)
-        nodes = cache.nodes((o, _join(prefix, n)) for n, o in entries.items())
-        return ((n, nodes[o]) for n, o in sorted(entries.items()))
+        nodes = cache.nodes([(o, _join(prefix, n)) for n, o in entries.items()])
+        return iter([(n, nodes[o]) for n, o in sorted(entries.items())])
 
     # an explicit stack: a crafted tree may be nested deeper than Python's recursion limit
     stack: list[tuple[str, Iterator[tuple[str, Node]]]] = [("", level("", root))]
