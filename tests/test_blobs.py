@@ -318,6 +318,30 @@ def test_random_bytes_round_trip_at_real_chunk_size(store: mc.Store) -> None:
 
 
 # -- crafted manifests --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("size", "chunk_size", "n"),
+    [(100, 10, 2), (10, 10, 2), (0, 10, 1), (5, 0, 1), (-1, 10, 0), (-5, 10, 1)],
+)
+def test_a_manifest_whose_sizes_do_not_add_up_is_refused(
+    store: mc.Store, size: int, chunk_size: int, n: int
+) -> None:
+    chunk = store.put_blob(b"x")
+    with pytest.raises(mc.InvalidObject, match=f"size {size} does not fit {n} chunks"):
+        ChunkedBlob(size=size, chunk_size=chunk_size, chunks=[chunk] * n)
+    # crafted bytes: refused by every typed read, not only by the one that reads chunks
+    body = {"size": size, "chunk_size": chunk_size, "chunks": [chunk] * n}
+    bad = store.put_object("chunked-blob", 1, body)
+    for read in (store.get, lambda oid: store.get(oid, ChunkedBlob), store.open_blob):
+        with pytest.raises(mc.InvalidObject, match=f"{bad}.*size {size} does not fit"):
+            read(bad)
+
+
+@pytest.mark.parametrize(("size", "chunk_size", "n"), [(20, 10, 2), (11, 10, 2), (0, 10, 0)])
+def test_a_manifest_whose_sizes_add_up_is_made(size: int, chunk_size: int, n: int) -> None:
+    chunks = [ObjectId(bytes(32))] * n
+    assert ChunkedBlob(size=size, chunk_size=chunk_size, chunks=chunks).size == size
+
+
 def test_reader_refuses_a_manifest_whose_chunks_are_short() -> None:
     # in a subprocess: the failure this guards against is an infinite loop, which must not
     # hang the suite

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import random
 import shutil
@@ -10,12 +11,16 @@ from pathlib import Path
 import pytest
 
 import medomni_cas as mc
+from medomni_cas.store import objects, trees
 from medomni_cas.store.blobs import BlobReader
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob
 from medomni_cas.store.trees import (
     MAX_TREE_DEPTH,
+    Node,
+    NodeCache,
     TreeChange,
+    UnexpectedKind,
     diff_trees,
     export_tree,
     iter_tree,
@@ -310,8 +315,13 @@ def test_corrupt_chunk_leaves_no_partial_file(store: mc.Store, tmp_path: Path) -
 
 def test_crafted_manifest_is_refused(store: mc.Store, tmp_path: Path) -> None:
     chunk = store.put_blob(b"x" * 10)
-    bad = store.put(ChunkedBlob(size=100, chunk_size=10, chunks=[chunk, chunk]))
+    # two chunks of 10 bytes cannot hold 100 (the record refuses to be made so: craft it)
+    body = {"size": 100, "chunk_size": 10, "chunks": [chunk, chunk]}
+    bad = store.put_object("chunked-blob", 1, body)
     tree = store.put_tree({"f": bad})
+    for read in (ls_tree, iter_tree):
+        with pytest.raises(mc.InvalidObject, match=f"{bad} at 'f'.*does not fit"):
+            list(read(store, tree))
     with pytest.raises(mc.InvalidObject, match="does not fit"):
         export_tree(store, tree, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -465,3 +475,85 @@ def test_crafted_manifest_with_long_chunks_writes_no_file(store: mc.Store, tmp_p
     with pytest.raises(mc.InvalidObject, match="f"):
         export_tree(store, store.put_tree({"f": bad}), out)
     assert listing(out) == []
+
+
+def test_objects_does_not_import_trees() -> None:
+    # the entry-name rules live in objects.py so that Tree checks names without a cycle
+    # (objects -> trees -> objects); trees re-exports them
+    nodes = list(ast.walk(ast.parse(Path(objects.__file__).read_text())))
+    imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module} | {
+        a.name for n in nodes if isinstance(n, ast.Import) for a in n.names
+    }
+    assert not {m for m in imported if m.startswith("medomni_cas.store.trees")}
+    assert trees.check_entry_name is objects.check_entry_name
+    assert trees.MAX_ENTRY_NAME == objects.MAX_ENTRY_NAME == 255
+
+
+# -- the node reader ---------------------------------------------------------------------------
+def test_nodes_say_what_an_id_holds(store: mc.Store) -> None:
+    small, big = store.put_blob(b"hello"), store.put_blob(b"x" * (CHUNK_SIZE + 1))
+    tree = store.put_tree({"small": small, "big": big})
+    cache = NodeCache(store)
+    node, data = cache.read(tree)
+    assert (node.id, node.kind, node.size, dict(node.entries or {})) == (
+        tree,
+        "tree",
+        2,
+        {"big": big, "small": small},
+    )
+    assert data == store.get_raw(tree)  # read just now
+    assert cache.read(tree) == (node, None)  # cached: nothing read
+    nodes = cache.nodes([(small, "small"), (big, "big"), (small, "small")])
+    assert set(nodes) == {small, big}
+    assert (nodes[small].kind, nodes[small].size, nodes[small].entries) == ("blob", 5, None)
+    assert (nodes[big].kind, nodes[big].size) == ("chunked-blob", CHUNK_SIZE + 1)
+    assert nodes[big].chunks == store.get(big, ChunkedBlob).chunks
+    assert cache.entries(small) is None and cache.entries(tree) == node.entries
+
+
+def test_node_cache_keeps_the_most_recently_used(store: mc.Store) -> None:
+    a, b, c = (store.put_blob(x) for x in (b"a", b"b", b"c"))
+    cache = NodeCache(store, max_nodes=2)
+    cache.node(a)
+    cache.node(b)
+    cache.node(a)  # a is now more recent than b
+    cache.node(c)
+    assert cache.cached(a) is not None and cache.cached(c) is not None
+    assert cache.cached(b) is None
+    cache.nodes([(a, "a")])  # a hit in a batch counts as a use too
+    cache.nodes([(b, "b")])
+    assert cache.cached(a) is not None and cache.cached(b) is not None
+    assert cache.cached(c) is None
+    unbounded = NodeCache(store)
+    for oid in (a, b, c):
+        unbounded.node(oid)
+    assert all(unbounded.cached(o) is not None for o in (a, b, c))
+
+
+def test_an_added_node_is_never_read(store: mc.Store) -> None:
+    blob = store.put_blob(b"just stored")
+    cache = NodeCache(store)
+    cache.add(Node(blob, "blob", 11))
+    store.backend.delete_many([blob])  # a read would now fail
+    assert cache.node(blob).size == 11
+
+
+def test_node_errors_name_the_id_and_where_it_was_found(store: mc.Store) -> None:
+    record = store.put_object("note", 1, {"text": "not a file"})
+    cache = NodeCache(store)
+    with pytest.raises(UnexpectedKind, match=f"object {record} is a note v1, not a tree") as e:
+        cache.node(record)  # a root
+    assert (e.value.id, e.value.kind, e.value.version, e.value.where) == (record, "note", 1, "")
+    with pytest.raises(UnexpectedKind, match=f"tree entry 'd/n' points at {record}, a note v1"):
+        cache.nodes([(record, "d/n")])
+    assert isinstance(e.value, mc.InvalidObject)
+    ghost = ObjectId(bytes(32))
+    with pytest.raises(mc.NotFound, match=f"{ghost} \\(tree entry 'd/g'\\)"):
+        cache.node(ghost, "d/g")
+    with pytest.raises(mc.NotFound, match=f"{ghost} \\(tree entry 'd/g'\\)"):
+        cache.nodes([(ghost, "d/g")])
+    with pytest.raises(mc.NotFound, match=str(ghost)):
+        cache.node(ghost)
+    crafted = store.put_object("tree", 1, {"../up": store.put_blob(b"x")})
+    with pytest.raises(mc.InvalidName, match=f"tree {crafted} at 'sub'.*path separator"):
+        cache.node(crafted, "sub")

@@ -486,6 +486,33 @@ def test_dot_segments_are_refused(fs: MedomniFileSystem, tree: ObjectId, path: s
 
 
 @pytest.mark.parametrize(
+    "read",
+    [
+        lambda fs, bad: fs.ls("crafted"),
+        lambda fs, bad: fs.ls("crafted", detail=False),
+        lambda fs, bad: fs.info("crafted/f"),
+        lambda fs, bad: fs.open("crafted/f").read(),
+        lambda fs, bad: fs.cat("crafted/f"),
+        lambda fs, bad: fs.info(bad.hex()),  # the manifest as the root
+    ],
+    ids=["ls", "ls-names", "info", "open", "cat", "info-root"],
+)
+def test_manifest_that_does_not_add_up_is_refused_by_every_read(
+    cas: mc.Store, read: Callable[..., Any]
+) -> None:
+    # a crafted manifest: two chunks of 10 bytes cannot hold 100. ls and info once reported
+    # its size while open refused it; every read must refuse it, naming the object
+    chunk = cas.put_blob(b"x" * 10)
+    body = {"size": 100, "chunk_size": 10, "chunks": [chunk, chunk]}
+    bad = cas.put_object("chunked-blob", 1, body)
+    cas.refs.set("crafted", cas.put_tree({"f": bad, "ok": cas.put_blob(b"fine")}))
+    fs = MedomniFileSystem(store=cas)
+    with pytest.raises(mc.InvalidObject, match=f"{bad}.*size 100 does not fit 2 chunks of 10"):
+        read(fs, bad)
+    assert fs.cat("crafted/ok") == b"fine"
+
+
+@pytest.mark.parametrize(
     "write",
     [
         lambda fs, p: fs.open(p, "wb"),

@@ -321,8 +321,9 @@ def test_a_corrupted_blob_is_detected_on_read() -> None:
     _write(store, "a", compressors=None)
     root = store.commit()
     reopened = CASStore(cas, root)
-    oid = reopened._session.locate("a/c/0/0")[0]
-    assert oid is not None
+    node = reopened._session.locate("a/c/0/0")[0]
+    assert node is not None
+    oid = node.id
     objects = cas.backend._objects  # type: ignore[attr-defined]
     stamp, data = objects[oid]
     objects[oid] = (stamp, data[:-1] + bytes([data[-1] ^ 1]))
@@ -331,6 +332,30 @@ def test_a_corrupted_blob_is_detected_on_read() -> None:
     assert e.value.expected == oid.hex()
     with pytest.raises(mc.IntegrityError):
         zarr.open_array(reopened, path="a")[:]
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda store: store.get_sync("f"),
+        lambda store: sync(store.getsize("f")),
+        lambda store: sync(store.exists("f")),
+        lambda store: _listed(store.list()),
+        lambda store: _listed(store.list_dir("")),
+    ],
+    ids=["get", "getsize", "exists", "list", "list_dir"],
+)
+def test_a_manifest_that_does_not_add_up_is_refused_by_every_read(
+    read: Callable[[CASStore], Any],
+) -> None:
+    cas = mc.open("memory://")
+    chunk = cas.put_blob(b"x" * 10)
+    body = {"size": 100, "chunk_size": 10, "chunks": [chunk, chunk]}
+    bad = cas.put_object("chunked-blob", 1, body)
+    store = CASStore(cas, cas.put_tree({"f": bad, "ok": cas.put_blob(b"fine")}))
+    with pytest.raises(mc.InvalidObject, match=f"{bad}.*size 100 does not fit 2 chunks of 10"):
+        read(store)
+    assert _bytes(store, "ok") == b"fine"
 
 
 def test_byte_ranges_read_only_the_chunks_they_cover() -> None:
@@ -362,7 +387,8 @@ def test_byte_ranges_read_only_the_chunks_they_cover() -> None:
     assert sync(store.getsize("big")) == n
     # besides the manifest, only the chunks each range covers: 2, 1, 1 and none
     manifest = store._session.locate("big")[0]
-    assert len([k for k in fetched if k != manifest]) == 4
+    assert manifest is not None and manifest.kind == "chunked-blob"
+    assert len([k for k in fetched if k != manifest.id]) == 4
     with pytest.raises(TypeError, match="Unexpected byte_range"):
         store.get_sync("big", byte_range=(0, 1))  # type: ignore[arg-type]
 

@@ -2,6 +2,11 @@
 
 Records of MedOmni (templates, atom tasks, runs…) live in the porcelain packages and are
 `Record` subclasses registered by kind; the store treats every kind alike.
+
+Entry names
+-----------
+The rules for a tree entry's name live here, beside `Tree`, which checks them in its
+constructor; `medomni_cas.store.trees` re-checks them on every tree it reads from raw bytes.
 """
 
 from __future__ import annotations
@@ -11,24 +16,66 @@ from typing import Any
 
 import msgspec
 
+from medomni_cas.errors import InvalidName, InvalidObject
 from medomni_cas.store.encoding import TREE, Record
 from medomni_cas.store.ids import ObjectId
 
-__all__ = ["CHUNK_SIZE", "ChunkedBlob", "Tree", "UnknownObject"]
+__all__ = [
+    "CHUNKED",
+    "CHUNK_SIZE",
+    "MAX_ENTRY_NAME",
+    "ChunkedBlob",
+    "Tree",
+    "UnknownObject",
+    "check_entry_name",
+]
 
 #: Blobs longer than this are stored as chunks of this size under a `ChunkedBlob`.
 #: Part of identity: a blob's id depends on it, so it never changes for the kind's v1.
 CHUNK_SIZE = 1 << 20
+#: Longest tree entry name, in UTF-8 bytes (as on common filesystems).
+MAX_ENTRY_NAME = 255
+
+
+def check_entry_name(name: object) -> str:
+    """Return ``name`` if it can name a tree entry, else raise `InvalidName` saying why."""
+    if not isinstance(name, str):
+        raise InvalidName(f"a tree entry name must be a string, got {type(name).__name__}")
+    if name in ("", ".", ".."):
+        raise InvalidName(f"tree entry name {name!r} is not allowed")
+    if "/" in name or "\\" in name:
+        raise InvalidName(f"tree entry name {name!r} contains a path separator")
+    if "\x00" in name:
+        raise InvalidName(f"tree entry name {name!r} contains NUL")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_ENTRY_NAME:
+        raise InvalidName(f"tree entry name is longer than {MAX_ENTRY_NAME} bytes: {name[:40]!r}…")
+    return name
 
 
 class ChunkedBlob(Record, frozen=True, kw_only=True):
-    """A large blob: its size and the blobs of its consecutive chunks."""
+    """A large blob: its size and the blobs of its consecutive chunks.
+
+    The sizes must add up: every chunk but the last holds ``chunk_size`` bytes and the last
+    holds the rest (1 to ``chunk_size``). A manifest that breaks this is refused (`InvalidObject`)
+    when made and when decoded; the chunks' own lengths are checked as they are read.
+    """
 
     __kind__ = "chunked-blob"
 
     size: int
     chunk_size: int
     chunks: list[ObjectId]
+
+    def __post_init__(self) -> None:
+        # a manifest whose sizes do not add up is crafted or corrupt: refused when made and
+        # when decoded, so no reader can report a size that reading then refuses
+        n, cs = len(self.chunks), self.chunk_size
+        if cs <= 0 or self.size < 0 or not (n - 1) * cs < self.size <= n * cs:
+            raise InvalidObject(f"size {self.size} does not fit {n} chunks of {cs} bytes")
+
+
+#: The kind of a `ChunkedBlob`, beside `encoding.BLOB` and `encoding.TREE`.
+CHUNKED = ChunkedBlob.__kind__
 
 
 class Tree(Mapping[str, ObjectId]):
@@ -38,8 +85,6 @@ class Tree(Mapping[str, ObjectId]):
     kind = TREE
 
     def __init__(self, entries: Mapping[str, ObjectId] | None = None) -> None:
-        from medomni_cas.store.trees import check_entry_name
-
         items = dict(entries or {})
         for name, oid in items.items():
             check_entry_name(name)

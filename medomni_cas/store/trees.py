@@ -1,9 +1,17 @@
-"""Trees: validated entry names, folders in and out, listing, walking and diffing.
+"""Trees: one checked node reader, folders in and out, listing, walking and diffing.
 
-Every function here reads tree objects from their raw canonical bytes and re-validates each
-entry name, rather than trusting `Tree` (whose constructor validates, but which is only one
-way in): a tree that arrived in a bundle or from a remote may have been crafted to hold
-``..``, ``/`` or NUL in a name, and must never make an export write outside its target.
+Reading
+-------
+Every tree object is read from its raw canonical bytes by `NodeCache`, which re-validates
+each entry name rather than trusting `Tree` (whose constructor validates, but which is only
+one way in): a tree that arrived in a bundle or from a remote may have been crafted to hold
+``..``, ``/`` or NUL in a name, and must never make an export write outside its target. The
+fsspec and zarr views read through the same cache, so all three agree on what an id holds.
+
+Entry names
+-----------
+The rules live in `medomni_cas.store.objects` beside `Tree`; `check_entry_name` and
+`MAX_ENTRY_NAME` are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterator
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -22,7 +32,7 @@ from medomni_cas.errors import InvalidName, InvalidObject, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId, parse_id
-from medomni_cas.store.objects import ChunkedBlob
+from medomni_cas.store.objects import CHUNKED, MAX_ENTRY_NAME, ChunkedBlob, check_entry_name
 
 if TYPE_CHECKING:
     from medomni_cas.store.store import Store
@@ -30,7 +40,10 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ENTRY_NAME",
     "MAX_TREE_DEPTH",
+    "Node",
+    "NodeCache",
     "TreeChange",
+    "UnexpectedKind",
     "check_entry_name",
     "diff_trees",
     "export_tree",
@@ -39,49 +52,53 @@ __all__ = [
     "put_directory",
 ]
 
-MAX_ENTRY_NAME = 255
 #: Deepest folder nesting `export_tree` writes; deeper (crafted) trees are refused up front.
 MAX_TREE_DEPTH = 256
-CHUNKED = ChunkedBlob.__kind__
 
 # bytes copied per read while exporting a blob
 _PIECE = 1 << 20
-# objects fetched per batch while classifying entries: blobs may be 1 MiB each and some
-# backends materialise a whole batch, so this bounds memory at about _CLASSIFY_BATCH MiB
-_CLASSIFY_BATCH = 16
-
-
-def check_entry_name(name: object) -> str:
-    """Return ``name`` if it can name a tree entry, else raise `InvalidName` saying why."""
-    if not isinstance(name, str):
-        raise InvalidName(f"a tree entry name must be a string, got {type(name).__name__}")
-    if name in ("", ".", ".."):
-        raise InvalidName(f"tree entry name {name!r} is not allowed")
-    if "/" in name or "\\" in name:
-        raise InvalidName(f"tree entry name {name!r} contains a path separator")
-    if "\x00" in name:
-        raise InvalidName(f"tree entry name {name!r} contains NUL")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_ENTRY_NAME:
-        raise InvalidName(f"tree entry name is longer than {MAX_ENTRY_NAME} bytes: {name[:40]!r}…")
-    return name
+# objects fetched per batch while reading nodes: blobs may be 1 MiB each, are read whole to
+# learn their size, and some backends materialise a whole batch, so this bounds memory at
+# about _READ_BATCH MiB
+_READ_BATCH = 16
 
 
 def _join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
-def _shown(path: str) -> str:
-    return repr(path) if path else "the root"
+def _at(where: str) -> str:
+    return f"at {where!r}" if where else "at the root"
 
 
 # -- reading tree objects safely ----------------------------------------------------------------
-class _Node(msgspec.Struct, frozen=True):
-    """What an entry points at: its kind, its size (bytes; entries for a tree), and its
-    validated entries (a tree) or chunk ids (a chunked blob)."""
+class UnexpectedKind(InvalidObject):
+    """An object of a kind that cannot be in a tree (neither blob, chunked blob nor tree)."""
 
+    def __init__(self, oid: ObjectId, kind: str, version: int, where: str) -> None:
+        self.id, self.kind, self.version, self.where = oid, kind, version, where
+        if where:
+            text = (
+                f"tree entry {where!r} points at {oid}, a {kind} v{version}: "
+                "only blobs and trees can be in a tree"
+            )
+        else:
+            text = f"object {oid} is a {kind} v{version}, not a tree or blob"
+        super().__init__(text)
+
+
+class Node(msgspec.Struct, frozen=True):
+    """What an id holds, read and checked from its canonical bytes.
+
+    ``kind`` is ``blob``, ``chunked-blob`` or ``tree``; ``size`` is a blob's length in bytes
+    or a tree's number of entries; ``entries`` are a tree's entries, every name checked (shared
+    by the cache: do not change them); ``chunks`` are a chunked blob's chunk ids.
+    """
+
+    id: ObjectId
     kind: str
     size: int
-    entries: dict[str, ObjectId] | None = None
+    entries: Mapping[str, ObjectId] | None = None
     chunks: list[ObjectId] | None = None
 
 
@@ -90,16 +107,16 @@ def _parse_tree(oid: ObjectId, data: bytes, where: str) -> dict[str, ObjectId]:
     try:
         kind, version, body = encoding.decode(data)
     except InvalidObject as e:
-        raise InvalidObject(f"tree {oid} at {_shown(where)}: {e}") from None
+        raise InvalidObject(f"tree {oid} {_at(where)}: {e}") from None
     if (kind, version) != (TREE, 1):
-        raise InvalidObject(f"object {oid} at {_shown(where)} is a {kind} v{version}, not a tree")
+        raise InvalidObject(f"object {oid} {_at(where)} is a {kind} v{version}, not a tree")
     if not isinstance(body, dict):
-        raise InvalidObject(f"tree {oid} at {_shown(where)} is malformed: its body is not a map")
+        raise InvalidObject(f"tree {oid} {_at(where)} is malformed: its body is not a map")
     for name, link in body.items():
         try:
             check_entry_name(name)
         except InvalidName as e:
-            raise InvalidName(f"tree {oid} at {_shown(where)}: {e}") from None
+            raise InvalidName(f"tree {oid} {_at(where)}: {e}") from None
         if type(link) is not ObjectId:
             raise InvalidObject(
                 f"tree {oid}: entry {_join(where, name)!r} is not a link (a {type(link).__name__})"
@@ -107,101 +124,177 @@ def _parse_tree(oid: ObjectId, data: bytes, where: str) -> dict[str, ObjectId]:
     return body
 
 
-def _node(oid: ObjectId, data: bytes, where: str) -> _Node:
-    """Classify an entry's object; anything but a blob, chunked blob or tree is refused."""
-    kind, version = encoding.kind_of(data)
-    if kind == BLOB:
-        return _Node(BLOB, len(encoding.blob_data(data)))
+def _parse_node(oid: ObjectId, data: bytes, where: str) -> Node:
+    """The node of an object's verified bytes; anything but a blob, chunked blob or tree is
+    refused (`UnexpectedKind`), and so is a malformed one (`InvalidObject`)."""
+    try:
+        kind, version = encoding.kind_of(data)
+        if kind == BLOB:
+            return Node(oid, BLOB, len(encoding.blob_data(data)))
+    except InvalidObject as e:
+        raise InvalidObject(f"object {oid} {_at(where)}: {e}") from None
     if kind == TREE:
         entries = _parse_tree(oid, data, where)
-        return _Node(TREE, len(entries), entries)
+        return Node(oid, TREE, len(entries), entries)
     if kind == CHUNKED and version == ChunkedBlob.__version__:
         try:
+            # the record checks its own arithmetic (ChunkedBlob.__post_init__)
             m = encoding.decode_body(data, ChunkedBlob)
         except InvalidObject as e:
-            raise InvalidObject(f"chunked blob {oid} at {_shown(where)}: {e}") from None
-        # a manifest whose arithmetic does not add up is crafted or corrupt; refuse it here,
-        # before any reader trusts it
-        n, cs = len(m.chunks), m.chunk_size
-        if cs <= 0 or not (n - 1) * cs < m.size <= n * cs:
-            raise InvalidObject(
-                f"chunked blob {oid} at {_shown(where)} is malformed: size {m.size} does not "
-                f"fit {n} chunks of {m.chunk_size} bytes"
-            )
-        return _Node(CHUNKED, m.size, chunks=m.chunks)
-    raise InvalidObject(
-        f"tree entry {_shown(where)} points at {oid}, a {kind} v{version}: "
-        "only blobs and trees can be in a tree"
-    )
+            raise InvalidObject(f"chunked blob {oid} {_at(where)}: {e}") from None
+        return Node(oid, CHUNKED, m.size, chunks=m.chunks)
+    raise UnexpectedKind(oid, kind, version, where)
 
 
-def _load(store: Store, wanted: list[tuple[ObjectId, str]], memo: dict[ObjectId, _Node]) -> None:
-    """Classify each ``(id, path)`` not yet in ``memo``, fetching in small batches."""
-    todo: dict[ObjectId, str] = {}
-    for oid, where in wanted:
-        if oid not in memo and oid not in todo:
-            todo[oid] = where
-    ids = list(todo)
-    for i in range(0, len(ids), _CLASSIFY_BATCH):
-        for oid, data in store.get_raw_many(ids[i : i + _CLASSIFY_BATCH], allow_missing=True):
-            if data is None:
-                raise NotFound("object", f"{oid} (tree entry {todo[oid]!r})")
-            memo[oid] = _node(oid, data, todo[oid])
+class NodeCache:
+    """Nodes by id, each read and checked once; the one reader of trees for this module
+    and the fsspec and zarr views.
+
+    Caching by id is always safe: an id's node never changes. With ``max_nodes`` the cache
+    keeps that many nodes, least recently used first out (a tree's entries are kept with
+    it); without, it keeps every node it read, which one walk or export needs. Safe to use
+    from several threads.
+
+    ``where`` names the path at which an id was found, in errors: ``""`` is a root, not
+    reached through any tree, which may be a blob or a tree; anything else is a tree entry.
+    """
+
+    def __init__(self, store: Store, max_nodes: int | None = None) -> None:
+        self.store = store
+        self.max_nodes = max_nodes
+        # in order of use when bounded; a plain dict (faster to fill) when not
+        self._lru: OrderedDict[ObjectId, Node] | None = None
+        self._nodes: dict[ObjectId, Node] = {}
+        if max_nodes is not None:
+            self._nodes = self._lru = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _hit(self, oid: ObjectId) -> Node | None:
+        # the caller holds the lock
+        node = self._nodes.get(oid)
+        if node is not None and self._lru is not None:
+            self._lru.move_to_end(oid)
+        return node
+
+    def _keep(self, nodes: Iterable[Node]) -> None:
+        with self._lock:
+            self._nodes.update({node.id: node for node in nodes})
+            if self._lru is not None and self.max_nodes is not None:
+                for node in nodes:
+                    self._lru.move_to_end(node.id)
+                while len(self._lru) > self.max_nodes:
+                    self._lru.popitem(last=False)
+
+    def cached(self, oid: ObjectId) -> Node | None:
+        """The node of ``oid`` if it is in the cache (nothing is read)."""
+        with self._lock:
+            return self._hit(oid)
+
+    def add(self, node: Node) -> Node:
+        """Keep ``node``, e.g. of an object just stored, so that it is never read back."""
+        self._keep((node,))
+        return node
+
+    def read(self, oid: ObjectId, where: str = "") -> tuple[Node, bytes | None]:
+        """The node of ``oid``, and its verified bytes when they were read just now (None
+        when it was cached), so that a caller after a small blob's data reads it once."""
+        node = self.cached(oid)
+        if node is not None:
+            return node, None
+        try:
+            data = self.store.get_raw(oid)
+        except NotFound:
+            if not where:
+                raise
+            # the tree names it but this store lacks it (a partial pull)
+            raise NotFound("object", f"{oid} (tree entry {where!r})") from None
+        return self.add(_parse_node(oid, data, where)), data
+
+    def node(self, oid: ObjectId, where: str = "") -> Node:
+        """The node of ``oid``: `NotFound` if the store lacks it, `UnexpectedKind` if it
+        cannot be in a tree, `InvalidObject` or `InvalidName` if it is malformed."""
+        return self.read(oid, where)[0]
+
+    def nodes(self, batch: Iterable[tuple[ObjectId, str]]) -> dict[ObjectId, Node]:
+        """The nodes of many ``(id, where)`` at once, reading the ones not cached in
+        batches; every id of ``batch`` is a key of the result."""
+        items = list(batch)  # before taking the lock: ``batch`` may be a generator
+        out: dict[ObjectId, Node] = {}
+        todo: dict[ObjectId, str] = {}
+        known = self._nodes
+        with self._lock:  # once per call, not once per id: listings are mostly hits
+            for oid, where in items:
+                node = known.get(oid)
+                if node is not None:
+                    out[oid] = node
+                elif oid not in todo:
+                    todo[oid] = where
+            if self._lru is not None:
+                for oid in out:
+                    self._lru.move_to_end(oid)
+        ids = list(todo)
+        for i in range(0, len(ids), _READ_BATCH):
+            read: list[Node] = []
+            for oid, data in self.store.get_raw_many(ids[i : i + _READ_BATCH], allow_missing=True):
+                if data is None:
+                    raise NotFound("object", f"{oid} (tree entry {todo[oid]!r})")
+                node = out[oid] = _parse_node(oid, data, todo[oid])
+                read.append(node)
+            self._keep(read)
+        return out
+
+    def entries(self, oid: ObjectId, where: str = "") -> Mapping[str, ObjectId] | None:
+        """A tree's checked entries (do not change them), or None when ``oid`` is a blob."""
+        return self.node(oid, where).entries
 
 
-def _root(store: Store, tree_id: ObjectId | str, memo: dict[ObjectId, _Node]) -> ObjectId:
-    oid = parse_id(tree_id)
-    data = store.get_raw(oid)
-    kind, version = encoding.kind_of(data)
-    if (kind, version) != (TREE, 1):
-        raise InvalidObject(f"object {oid} is a {kind} v{version}, not a tree")
-    memo[oid] = _node(oid, data, "")
-    return oid
+def _root(cache: NodeCache, tree_id: ObjectId | str) -> Node:
+    node = cache.node(parse_id(tree_id))
+    if node.entries is None:
+        raise InvalidObject(f"object {node.id} is a {node.kind}, not a tree")
+    return node
 
 
-def _entries(memo: dict[ObjectId, _Node], oid: ObjectId) -> dict[str, ObjectId]:
-    entries = memo[oid].entries
-    assert entries is not None
-    return entries
+def _tree(node: Node) -> Mapping[str, ObjectId]:
+    assert node.entries is not None
+    return node.entries
 
 
 # -- listing and walking ------------------------------------------------------------------------
 def ls_tree(store: Store, tree_id: ObjectId | str) -> list[tuple[str, ObjectId, str, int]]:
     """One level of a tree: ``(name, id, kind, size)`` sorted by name. The size is a blob's
     length in bytes, or a tree's number of entries."""
-    memo: dict[ObjectId, _Node] = {}
-    root = _root(store, tree_id, memo)
-    entries = _entries(memo, root)
-    _load(store, [(oid, name) for name, oid in entries.items()], memo)
-    return [(name, oid, memo[oid].kind, memo[oid].size) for name, oid in sorted(entries.items())]
+    cache = NodeCache(store)
+    entries = _tree(_root(cache, tree_id))
+    nodes = cache.nodes((oid, name) for name, oid in entries.items())
+    return [(name, oid, nodes[oid].kind, nodes[oid].size) for name, oid in sorted(entries.items())]
 
 
 def iter_tree(store: Store, tree_id: ObjectId | str) -> Iterator[tuple[str, ObjectId, str]]:
     """Every file under a tree, depth first in name order: ``(path, id, kind)`` where kind
     is ``blob`` or ``chunked-blob`` and path joins names with ``/``."""
-    memo: dict[ObjectId, _Node] = {}
-    root = _root(store, tree_id, memo)
+    cache = NodeCache(store)
+    root = _root(cache, tree_id)
 
-    def level(prefix: str, oid: ObjectId) -> Iterator[tuple[str, ObjectId]]:
-        entries = _entries(memo, oid)
-        _load(store, [(o, _join(prefix, n)) for n, o in entries.items()], memo)
-        return iter(sorted(entries.items()))
+    def level(prefix: str, node: Node) -> Iterator[tuple[str, Node]]:
+        entries = _tree(node)
+        nodes = cache.nodes([(o, _join(prefix, n)) for n, o in entries.items()])
+        return iter([(n, nodes[o]) for n, o in sorted(entries.items())])
 
     # an explicit stack: a crafted tree may be nested deeper than Python's recursion limit
-    stack: list[tuple[str, Iterator[tuple[str, ObjectId]]]] = [("", level("", root))]
+    stack: list[tuple[str, Iterator[tuple[str, Node]]]] = [("", level("", root))]
     while stack:
         prefix, items = stack[-1]
         item = next(items, None)
         if item is None:
             stack.pop()
             continue
-        name, child = item
+        name, node = item
         path = _join(prefix, name)
-        node = memo[child]
         if node.kind == TREE:
-            stack.append((path, level(path, child)))
+            stack.append((path, level(path, node)))
         else:
-            yield path, child, node.kind
+            yield path, node.id, node.kind
 
 
 # -- diff -----------------------------------------------------------------------------------------
@@ -226,25 +319,26 @@ def diff_trees(store: Store, a: ObjectId | str, b: ObjectId | str) -> list[TreeC
     Only subtrees whose ids differ are read: equal ids mean equal contents (Merkle), so an
     unchanged folder costs nothing however large it is.
     """
-    memo: dict[ObjectId, _Node] = {}
-    ra, rb = _root(store, a, memo), _root(store, b, memo)
+    cache = NodeCache(store)
+    ra, rb = _root(cache, a), _root(cache, b)
     out: list[TreeChange] = []
-    stack: list[tuple[str, ObjectId, ObjectId]] = [("", ra, rb)] if ra != rb else []
+    stack: list[tuple[str, Node, Node]] = [("", ra, rb)] if ra.id != rb.id else []
     while stack:
         prefix, ta, tb = stack.pop()
-        ea, eb = _entries(memo, ta), _entries(memo, tb)
+        ea, eb = _tree(ta), _tree(tb)
         changed = [n for n in ea.keys() & eb.keys() if ea[n] != eb[n]]
         # only entries that differ on both sides need their kinds: are they both trees?
-        _load(store, [(ea[n], _join(prefix, n)) for n in changed], memo)
-        _load(store, [(eb[n], _join(prefix, n)) for n in changed], memo)
+        na = cache.nodes((ea[n], _join(prefix, n)) for n in changed)
+        nb = cache.nodes((eb[n], _join(prefix, n)) for n in changed)
         for n in ea.keys() - eb.keys():
             out.append(TreeChange(path=_join(prefix, n), change="removed", old=ea[n]))
         for n in eb.keys() - ea.keys():
             out.append(TreeChange(path=_join(prefix, n), change="added", new=eb[n]))
         for n in changed:
             path = _join(prefix, n)
-            if memo[ea[n]].kind == TREE and memo[eb[n]].kind == TREE:
-                stack.append((path, ea[n], eb[n]))
+            old, new = na[ea[n]], nb[eb[n]]
+            if old.kind == TREE and new.kind == TREE:
+                stack.append((path, old, new))
             else:
                 out.append(TreeChange(path=path, change="modified", old=ea[n], new=eb[n]))
     out.sort(key=lambda c: c.path.split("/"))
@@ -379,25 +473,26 @@ def put_directory(
 
 
 # -- folders out -----------------------------------------------------------------------------------
-def _plan_export(store: Store, tree_id: ObjectId | str) -> tuple[ObjectId, dict[ObjectId, _Node]]:
+def _plan_export(store: Store, tree_id: ObjectId | str) -> tuple[Node, dict[ObjectId, Node]]:
     """Read and check every object an export will touch, before writing anything."""
-    memo: dict[ObjectId, _Node] = {}
-    root = _root(store, tree_id, memo)
+    cache = NodeCache(store)
+    root = _root(cache, tree_id)
+    memo = {root.id: root}
     frontier = [(root, "")]
     while frontier:
-        nxt: list[tuple[ObjectId, str]] = []
-        wanted = [
+        nxt: list[tuple[Node, str]] = []
+        fresh = [
             (child, _join(where, name))
-            for oid, where in frontier
-            for name, child in _entries(memo, oid).items()
+            for node, where in frontier
+            for name, child in _tree(node).items()
+            if child not in memo
         ]
-        fresh = [(o, w) for o, w in wanted if o not in memo]
-        _load(store, fresh, memo)
-        seen: set[ObjectId] = set()
+        got = cache.nodes(fresh)
         for o, w in fresh:
-            if memo[o].kind == TREE and o not in seen:
-                seen.add(o)
-                nxt.append((o, w))
+            if o not in memo:
+                node = memo[o] = got[o]
+                if node.kind == TREE:
+                    nxt.append((node, w))
         frontier = nxt
     # chunks are only checked for presence (no bytes read twice): an incomplete tree, e.g.
     # a partial pull, is refused here rather than half exported
@@ -408,10 +503,10 @@ def _plan_export(store: Store, tree_id: ObjectId | str) -> tuple[ObjectId, dict[
     # refuse a crafted chain of trees deeper than any real folder before writing a byte:
     # heights bottom-up over the DAG, iteratively (no recursion limit to hit)
     height: dict[ObjectId, int] = {}
-    stack = [root]
+    stack = [root.id]
     while stack:
         oid = stack[-1]
-        kids = [c for c in _entries(memo, oid).values() if memo[c].kind == TREE]
+        kids = [c for c in _tree(memo[oid]).values() if memo[c].kind == TREE]
         pending = [c for c in kids if c not in height]
         if pending:
             stack.extend(pending)
@@ -419,7 +514,7 @@ def _plan_export(store: Store, tree_id: ObjectId | str) -> tuple[ObjectId, dict[
         stack.pop()
         height[oid] = 1 + max((height[c] for c in kids), default=0)
         if height[oid] > MAX_TREE_DEPTH:
-            raise InvalidObject(f"tree {root} is nested deeper than {MAX_TREE_DEPTH} folders")
+            raise InvalidObject(f"tree {root.id} is nested deeper than {MAX_TREE_DEPTH} folders")
     return root, memo
 
 
@@ -477,7 +572,7 @@ def _make_dir(name: str, parent: int, shown: str, overwrite: bool) -> int:
 
 
 def _write_file(
-    store: Store, oid: ObjectId, node: _Node, name: str, parent: int, shown: str, overwrite: bool
+    store: Store, oid: ObjectId, node: Node, name: str, parent: int, shown: str, overwrite: bool
 ) -> None:
     """Write a blob to ``name`` under ``parent`` via a fresh temporary file and a rename, so
     no half-written file is ever visible and nothing existing is opened or followed."""
@@ -543,7 +638,7 @@ def export_tree(
     # (fd of the folder, its path for messages, its entries in name order, next index)
     stack: list[tuple[int, str, list[tuple[str, ObjectId]], list[int]]] = []
     try:
-        stack.append((top, base, sorted(_entries(memo, root).items()), [0]))
+        stack.append((top, base, sorted(_tree(root).items()), [0]))
         while stack:
             fd, shown, items, pos = stack[-1]
             if pos[0] == len(items):
@@ -557,7 +652,7 @@ def export_tree(
             child_shown = os.path.join(shown, name)
             if node.kind == TREE:
                 child = _make_dir(name, fd, child_shown, overwrite)
-                stack.append((child, child_shown, sorted(_entries(memo, oid).items()), [0]))
+                stack.append((child, child_shown, sorted(_tree(node).items()), [0]))
             else:
                 _write_file(store, oid, node, name, fd, child_shown, overwrite)
                 count += 1

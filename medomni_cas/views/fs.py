@@ -8,7 +8,9 @@ Registered under the ``fsspec.specs`` entry point, so fsspec, pyarrow and pandas
     pd.read_parquet("medomni://studio/pairs/x/encoders/dir/t.parquet",
                     storage_options={"store": store})
 
-Paths. The first segments name the root, the rest is a path inside it:
+Paths
+-----
+The first segments name the root, the rest is a path inside it:
 
 - the longest run of leading segments that is a ref name wins, so ref names are written with
   their slashes (``studio/pairs/x/encoders/dir/f`` is ``dir/f`` in ref
@@ -23,17 +25,25 @@ A root may be a blob, which is then a file. ``.`` and ``..`` segments are refuse
 (`InvalidName`); empty segments are ignored. Names returned by ``ls``/``find`` keep the root
 as it was written, so globbing and copying see the paths they were given.
 
-Caching. Trees, sizes and kinds are cached by object id, which is always safe: objects never
-change. A ref's value may move: each instance reads a ref once and keeps it until
-`MedomniFileSystem.invalidate_cache`. Instances are not cached by fsspec (``cachable = False``),
-so every ``fsspec.open("medomni://…")`` resolves refs afresh; stores opened from a URL are
-shared by all instances in a process, so an LMDB environment is opened once.
+Caching
+-------
+Nodes (what an id is: its kind, size and a tree's entries) are read by the store's
+one tree reader, `medomni_cas.store.trees.NodeCache`, and kept by object id, which is always
+safe: objects never change. A ref's value may move: each instance reads a ref once and keeps
+it until `MedomniFileSystem.invalidate_cache`. Instances are not cached by fsspec
+(``cachable = False``), so every ``fsspec.open("medomni://…")`` resolves refs afresh; stores
+opened from a URL are shared by all instances in a process, so an LMDB environment is opened
+once.
 
+Reads
+-----
 Reads are verified: every object is re-hashed against its id as it is read, so a corrupt
-blob raises `IntegrityError` rather than returning wrong bytes. Files read in ranges through
-`Store.open_blob`, with one 1 MiB chunk plus one block of readahead in memory. Every write
-(``open("wb")``, ``pipe``, ``put``, ``mkdir``, ``rm``, ``mv``, ``cp``, ``touch``) raises
-`PermissionError` with errno ``EROFS``: objects are immutable; store a new tree and move a ref.
+blob raises `IntegrityError` rather than returning wrong bytes, and a malformed tree or
+chunked-blob manifest raises `InvalidObject` from ``ls`` and ``info`` as from ``open``. Files
+read in ranges through `Store.open_blob`, with one 1 MiB chunk plus one block of readahead in
+memory. Every write (``open("wb")``, ``pipe``, ``put``, ``mkdir``, ``rm``, ``mv``, ``cp``,
+``touch``) raises `PermissionError` with errno ``EROFS``: objects are immutable; store a new
+tree and move a ref.
 """
 
 from __future__ import annotations
@@ -41,39 +51,24 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Mapping
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NoReturn
 
 from fsspec import AbstractFileSystem
 from fsspec.spec import AbstractBufferedFile, make_instance
 
-from medomni_cas.errors import AmbiguousId, InvalidId, InvalidName, InvalidObject, NotFound
-from medomni_cas.store import encoding
+from medomni_cas.errors import AmbiguousId, InvalidId, InvalidName, NotFound
 from medomni_cas.store.blobs import BlobReader
-from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
-from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob, Tree
+from medomni_cas.store.objects import CHUNK_SIZE
 from medomni_cas.store.store import Store
+from medomni_cas.store.trees import Node, NodeCache, UnexpectedKind
 from medomni_cas.store.url import open_store
 from medomni_cas.workspace import default_store_url
 
 __all__ = ["MedomniFile", "MedomniFileSystem"]
 
-CHUNKED = ChunkedBlob.__kind__
-# objects fetched per batch while listing: single blobs are up to 1 MiB each and are read
-# whole to learn their size, so this bounds a listing's memory at about 16 MiB
-_LIST_BATCH = 16
-# objects whose kind, size and entries an instance remembers (first in, first out)
+# nodes an instance remembers (least recently used first out)
 _MAX_NODES = 65_536
-
-
-class _Node(NamedTuple):
-    """What an id is: its kind, its size in bytes (0 for a tree) and a tree's entries."""
-
-    id: ObjectId
-    kind: str
-    size: int
-    entries: Tree | None = None
 
 
 # -- stores opened from URLs, one per URL per process -------------------------------------------
@@ -138,13 +133,17 @@ class MedomniFileSystem(AbstractFileSystem):
         super().__init__(**kwargs)
         # the absolute URL of a store opened here, so a pickled instance (dask, process
         # pools) reopens the same store whatever the other side's working directory
-        self._url = None if isinstance(store, Store) else _absolute(store or default_store_url())
-        self.store = store if isinstance(store, Store) else _shared_store(self._url)
+        if isinstance(store, Store):
+            self._url: str | None = None
+            self.store = store
+        else:
+            self._url = _absolute(store or default_store_url())
+            self.store = _shared_store(self._url)
         self.root = root
         self._specs: dict[str, ObjectId] = {}  # root spec -> id, until invalidate_cache
         self._refs: dict[str, dict[str, ObjectId]] = {}  # first segment -> refs under it
-        self._nodes: dict[ObjectId, _Node] = {}  # by id: valid forever
-        self._lock = threading.Lock()  # pyarrow lists and reads from several threads
+        # by id, valid forever; thread-safe, as pyarrow lists and reads from several threads
+        self._nodes = NodeCache(self.store, _MAX_NODES)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._url is None:
@@ -157,10 +156,12 @@ class MedomniFileSystem(AbstractFileSystem):
 
     @property
     def fsid(self) -> str:
+        # docstring inherited
         return f"medomni+{self.store.url}"
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
+        # docstring inherited; a medomni path has no leading or trailing "/"
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
         return super()._strip_protocol(path).strip("/")
@@ -200,7 +201,7 @@ class MedomniFileSystem(AbstractFileSystem):
             refs = self._refs[first] = dict(self.store.refs.items(first + "/"))
         return refs
 
-    def _locate(self, path: str) -> tuple[list[str], int, ObjectId]:
+    def _parse_path(self, path: str) -> tuple[list[str], int, ObjectId]:
         """The names of ``path``, how many of them spell its root, and the root's id."""
         parts = self._parts(path)
         if self.root is not None:
@@ -227,71 +228,19 @@ class MedomniFileSystem(AbstractFileSystem):
             ) from e.__cause__
 
     # -- objects ----------------------------------------------------------------------------------
-    def _classify(self, oid: ObjectId, data: bytes, where: str, *, root: bool) -> _Node:
+    def _root_node(self, oid: ObjectId, spec: str) -> Node:
         try:
-            kind, version = encoding.kind_of(data)
-            if kind == BLOB:
-                node = _Node(oid, BLOB, len(encoding.blob_data(data)))
-            elif kind == CHUNKED and version == ChunkedBlob.__version__:
-                node = _Node(oid, CHUNKED, encoding.decode_body(data, ChunkedBlob).size)
-            elif kind == TREE and version == 1:
-                body = encoding.decode(data)[2]
-                if not isinstance(body, Mapping):
-                    raise InvalidObject("its body is not a map")
-                node = _Node(oid, TREE, 0, Tree(body))  # Tree re-checks every name
-            elif root:
-                raise NotADirectoryError(
-                    errno.ENOTDIR, f"object {oid} is a {kind} v{version}, not a tree or blob", where
-                )
-            else:
-                raise InvalidObject(f"a {kind} v{version}: only blobs and trees can be in a tree")
-        except InvalidName as e:
-            raise InvalidName(f"object {oid} at {where!r}: {e}") from None
-        except (InvalidObject, TypeError) as e:
-            raise InvalidObject(f"object {oid} at {where!r}: {e}") from None
-        with self._lock:
-            if len(self._nodes) >= _MAX_NODES:
-                del self._nodes[next(iter(self._nodes))]
-            self._nodes[oid] = node
-        return node
+            return self._nodes.node(oid)
+        except NotFound:
+            raise FileNotFoundError(errno.ENOENT, f"no object {oid}", spec) from None
+        except UnexpectedKind as e:
+            raise NotADirectoryError(errno.ENOTDIR, str(e), spec) from None
 
-    def _node(self, oid: ObjectId, where: str, *, root: bool = False) -> _Node:
-        node = self._nodes.get(oid)
-        if node is None:
-            try:
-                data = self.store.get_raw(oid)
-            except NotFound:
-                if root:
-                    raise FileNotFoundError(errno.ENOENT, f"no object {oid}", where) from None
-                # the tree names it but this store lacks it (a partial pull): a store
-                # problem, not a missing path
-                raise NotFound("object", f"{oid} (at {where!r})") from None
-            node = self._classify(oid, data, where, root=root)
-        return node
-
-    def _nodes_of(self, wanted: list[tuple[ObjectId, str]]) -> dict[ObjectId, _Node]:
-        """The nodes of many ``(id, path)`` at once, fetching the unknown ones in batches."""
-        out: dict[ObjectId, _Node] = {}
-        todo: dict[ObjectId, str] = {}
-        for oid, where in wanted:
-            if (node := self._nodes.get(oid)) is not None:
-                out[oid] = node
-            else:
-                todo[oid] = where
-        ids = list(todo)
-        for i in range(0, len(ids), _LIST_BATCH):
-            batch = ids[i : i + _LIST_BATCH]
-            for oid, data in self.store.get_raw_many(batch, allow_missing=True):
-                if data is None:
-                    raise NotFound("object", f"{oid} (at {todo[oid]!r})")
-                out[oid] = self._classify(oid, data, todo[oid], root=False)
-        return out
-
-    def _lookup(self, path: str) -> tuple[str, _Node]:
+    def _node_at(self, path: str) -> tuple[str, Node]:
         """The normalised name of ``path`` and the node it names."""
-        parts, k, oid = self._locate(path)
+        parts, k, oid = self._parse_path(path)
         shown = "/".join(parts)
-        node = self._node(oid, "/".join(parts[:k]), root=True)
+        node = self._root_node(oid, "/".join(parts[:k]))
         for i in range(k, len(parts)):
             if node.entries is None:
                 raise NotADirectoryError(
@@ -300,21 +249,22 @@ class MedomniFileSystem(AbstractFileSystem):
             child = node.entries.get(parts[i])
             if child is None:
                 raise FileNotFoundError(errno.ENOENT, "no such file or folder", shown)
-            node = self._node(child, "/".join(parts[: i + 1]))
+            node = self._nodes.node(child, "/".join(parts[: i + 1]))
         return shown, node
 
-    def _file(self, path: str) -> tuple[str, _Node]:
-        shown, node = self._lookup(path)
+    def _file(self, path: str) -> tuple[str, Node]:
+        shown, node = self._node_at(path)
         if node.entries is not None:
             raise IsADirectoryError(errno.EISDIR, "a folder, not a file", shown)
         return shown, node
 
     @staticmethod
-    def _info(name: str, node: _Node) -> dict[str, Any]:
+    def _info(name: str, node: Node) -> dict[str, Any]:
+        folder = node.entries is not None
         return {
             "name": name,
-            "size": node.size,
-            "type": "file" if node.entries is None else "directory",
+            "size": 0 if folder else node.size,
+            "type": "directory" if folder else "file",
             "id": node.id.hex(),
             "kind": node.kind,
         }
@@ -322,27 +272,27 @@ class MedomniFileSystem(AbstractFileSystem):
     # -- reading ----------------------------------------------------------------------------------
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         """The entries of a folder (or the file itself), sorted by name."""
-        shown, node = self._lookup(path)
+        shown, node = self._node_at(path)
         if node.entries is None:
             out = [self._info(shown, node)]
         else:
-            items = [(name, oid, _join(shown, name)) for name, oid in node.entries.items()]
-            nodes = self._nodes_of([(oid, where) for _, oid, where in items])
-            out = [self._info(where, nodes[oid]) for _, oid, where in items]
+            items = [(oid, _join(shown, name)) for name, oid in sorted(node.entries.items())]
+            nodes = self._nodes.nodes(items)
+            out = [self._info(where, nodes[oid]) for oid, where in items]
         return out if detail else [o["name"] for o in out]
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         """name, size, type (file or directory), the object's id and kind."""
-        shown, node = self._lookup(path)
+        shown, node = self._node_at(path)
         return self._info(shown, node)
 
     def checksum(self, path: str) -> int:
         """The object id as an int: equal exactly when the contents are equal."""
-        return int.from_bytes(self._lookup(path)[1].id, "big")
+        return int.from_bytes(self._node_at(path)[1].id, "big")
 
     def ukey(self, path: str) -> str:
         """The object id in hex."""
-        return self._lookup(path)[1].id.hex()
+        return self._node_at(path)[1].id.hex()
 
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
@@ -368,6 +318,7 @@ class MedomniFileSystem(AbstractFileSystem):
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> MedomniFile:
+        # docstring inherited; only "rb": every other mode writes
         if mode != "rb":
             _read_only(path)
         shown, node = self._file(path)
@@ -381,7 +332,7 @@ class MedomniFileSystem(AbstractFileSystem):
             **kwargs,
         )
 
-    # -- writing: refused ---------------------------------------------------------------------
+    # -- writing: refused (docstrings inherited) ---------------------------------------------
     def mkdir(self, path: str, *args: Any, **kwargs: Any) -> NoReturn:
         _read_only(path)
 
@@ -447,6 +398,7 @@ class MedomniFile(AbstractBufferedFile):
         )
 
     def _fetch_range(self, start: int, end: int) -> bytes:
+        # docstring inherited
         end = min(end, self.size)
         if start >= end:
             return b""
@@ -456,6 +408,7 @@ class MedomniFile(AbstractBufferedFile):
         return self._reader.read(end - start)
 
     def close(self) -> None:
+        # docstring inherited
         super().close()
         if self._reader is not None:
             self._reader.close()

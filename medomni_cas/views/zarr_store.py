@@ -1,17 +1,29 @@
 """A zarr v3 store over the CAS: chunks are content-addressed blobs, a commit is a tree id.
 
+Layout
+------
 Keys map to nested trees, one tree per ``/``-separated segment: ``a/b/c/0.0`` is the blob
-``0.0`` in tree ``c`` of tree ``b`` of tree ``a``. Every value is put as a blob when it is
-set, so identical chunks are stored once and memory stays bounded: the store keeps only
-key -> blob id for uncommitted writes (and the deletions). `CASStore.commit` builds the
-changed trees bottom-up and returns the root tree id; nothing under an unchanged folder is
-read or rewritten, and the same keys and values always give the same id.
+``0.0`` in tree ``c`` of tree ``b`` of tree ``a``. A key that is both a value and a folder
+(``a`` and ``a/b``, which zarr's own hierarchies never make but a key-value store must allow)
+keeps the value of ``a`` in the entry `VALUE_ENTRY` of tree ``a``; that segment is therefore
+reserved in keys. Zarr node names may not start with ``__``, so no zarr hierarchy uses it.
 
-A key that is both a value and a folder (``a`` and ``a/b``, which zarr's own hierarchies
-never make but a key-value store must allow) keeps the value of ``a`` in the entry
-`VALUE_ENTRY` of tree ``a``; that segment is therefore reserved in keys. Zarr node names may
-not start with ``__``, so no zarr hierarchy uses it.
+Writes and commits
+------------------
+Every value is put as a blob when it is set, so identical chunks are stored once and memory
+stays bounded: the store keeps only key -> blob id for uncommitted writes (and the
+deletions). `CASStore.commit` builds the changed trees bottom-up and returns the root tree
+id; nothing under an unchanged folder is read or rewritten, and the same keys and values
+always give the same id.
 
+Reads
+-----
+Trees and values are read through the store's one tree reader,
+`medomni_cas.store.trees.NodeCache`, which checks every tree and chunked-blob manifest;
+reads are verified against their ids.
+
+Example
+-------
 >>> import medomni_cas as mc, zarr
 >>> cas = mc.open("memory://")
 >>> store = CASStore(cas)
@@ -28,7 +40,6 @@ import os
 import threading
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Self
 
@@ -45,25 +56,21 @@ from medomni_cas.errors import ConflictError, InvalidName, InvalidObject
 from medomni_cas.store import encoding
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
-from medomni_cas.store.objects import CHUNK_SIZE, ChunkedBlob, Tree
+from medomni_cas.store.objects import CHUNK_SIZE, check_entry_name
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
-from medomni_cas.store.trees import check_entry_name
+from medomni_cas.store.trees import Node, NodeCache
 
 __all__ = ["VALUE_ENTRY", "CASStore", "put_zarr_directory"]
 
 #: The tree entry that holds the value of a key which is also a folder (``a`` beside ``a/b``).
 VALUE_ENTRY = "__value__"
 
-_CHUNKED = ChunkedBlob.__kind__
-# Trees whose entries are kept decoded; a chunk folder may hold many thousand entries.
-_TREE_CACHE = 256
-# Ids whose kind (tree or not) is remembered; an id's kind never changes, so this is only
-# a bound on memory, cleared wholesale when full.
-_KIND_CACHE = 1 << 16
-# Entries classified per batch while listing: a blob is read whole to learn it is no tree,
-# so this bounds memory at about this many chunks.
-_CLASSIFY_BATCH = 16
+# Nodes (kinds, sizes and tree entries) a session remembers, least recently used first out;
+# an id's node never changes, so this is only a bound on memory.
+_MAX_NODES = 1 << 16
+# Entries read per step while listing, so that a listing stops reading once it has an answer.
+_LIST_STEP = 16
 
 
 def _segments(key: str) -> list[str]:
@@ -119,82 +126,6 @@ def _span(size: int, byte_range: ByteRequest | None) -> tuple[int, int]:
     return start, min(max(stop, start), size)
 
 
-def _tree_entries(oid: ObjectId, data: bytes) -> dict[str, ObjectId]:
-    try:
-        body = encoding.decode(data)[2]
-        return dict(Tree(body))
-    except (InvalidName, InvalidObject, TypeError, ValueError) as e:
-        raise InvalidObject(f"tree {oid} is malformed: {e}") from None
-
-
-class _Objects:
-    """Reads trees and learns the kind of ids (tree, blob or chunked blob), with caches that
-    never need invalidating: an id's kind and a tree's entries are fixed by the id."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._kinds: dict[ObjectId, str] = {}
-        self._trees: OrderedDict[ObjectId, dict[str, ObjectId]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def note(self, oid: ObjectId, kind: str) -> None:
-        with self._lock:
-            if len(self._kinds) >= _KIND_CACHE:
-                self._kinds.clear()
-            self._kinds[oid] = kind
-
-    def _remember(self, oid: ObjectId, entries: dict[str, ObjectId]) -> None:
-        with self._lock:
-            self._trees[oid] = entries
-            if len(self._trees) > _TREE_CACHE:
-                self._trees.popitem(last=False)
-
-    def _classify(self, oid: ObjectId, data: bytes) -> str:
-        kind, version = encoding.kind_of(data)
-        if (kind, version) == (TREE, 1):
-            self._remember(oid, _tree_entries(oid, data))
-        elif kind not in (BLOB, _CHUNKED):
-            raise InvalidObject(
-                f"object {oid} is a {kind} v{version}: a zarr store over the CAS holds only "
-                "blobs and trees"
-            )
-        self.note(oid, kind)
-        return kind
-
-    def load(self, oid: ObjectId) -> tuple[str, bytes | None]:
-        """The kind of ``oid``, and its verified bytes when they had to be read to learn it."""
-        known = self._kinds.get(oid)
-        if known is not None:
-            return known, None
-        data = self.store.get_raw(oid)
-        return self._classify(oid, data), data
-
-    def load_many(self, oids: Iterable[ObjectId]) -> None:
-        """Learn the kinds not known yet, in one batched read."""
-        todo = [o for o in oids if o not in self._kinds]
-        for oid, data in self.store.get_raw_many(todo):
-            assert data is not None
-            self._classify(oid, data)
-
-    def entries(self, oid: ObjectId) -> dict[str, ObjectId] | None:
-        """A tree's entries (do not modify them), or None when ``oid`` is a blob."""
-        with self._lock:
-            cached = self._trees.get(oid)
-            if cached is not None:
-                self._trees.move_to_end(oid)
-                return cached
-        kind, data = self.load(oid)
-        if kind != TREE:
-            return None
-        with self._lock:
-            cached = self._trees.get(oid)  # a tree read just now was cached by _classify
-        if cached is not None:
-            return cached
-        entries = _tree_entries(oid, data if data is not None else self.store.get_raw(oid))
-        self._remember(oid, entries)
-        return entries
-
-
 class _Folder:
     """A tree being rebuilt by a commit: entry name -> an unchanged id or a rebuilt folder."""
 
@@ -213,7 +144,7 @@ class _Session:
         self, store: Store, root: ObjectId | None, seen: dict[str, ObjectId | None]
     ) -> None:
         self.store = store
-        self.objects = _Objects(store)
+        self.nodes = NodeCache(store, _MAX_NODES)
         self.root = root  # the tree opened or last committed
         self.base = root  # the tree reads fall through to (None after a clear)
         self.pending: dict[str, ObjectId | None] = {}
@@ -244,32 +175,32 @@ class _Session:
             self.dropped.add(prefix)
 
     # -- reading -------------------------------------------------------------------------------
-    def locate(self, key: str) -> tuple[ObjectId | None, str, bytes | None]:
-        """The blob id of ``key`` (None: absent), its kind, and its bytes if they were read."""
+    def locate(self, key: str) -> tuple[Node | None, bytes | None]:
+        """The node of the value of ``key`` (None: absent), and its bytes if they were read
+        just now (a small blob's value is then read once)."""
         segments = _segments(key)
         with self.lock:
             pending = key in self.pending
-            node = self.pending[key] if pending else self.base
-            if node is None or (not pending and _covered(key, self.dropped)):
-                return None, "", None
+            oid = self.pending[key] if pending else self.base
+            if oid is None or (not pending and _covered(key, self.dropped)):
+                return None, None
         if pending:
-            return node, *self.objects.load(node)
-        for name in segments:
-            entries = self.objects.entries(node)
-            child = entries.get(name) if entries is not None else None
+            return self.nodes.read(oid, key)
+        node, data = self.nodes.read(oid)
+        for i, name in enumerate(segments):
+            child = node.entries.get(name) if node.entries is not None else None
             if child is None:
-                return None, "", None
-            node = child
-        kind, data = self.objects.load(node)
-        if kind != TREE:
-            return node, kind, data
-        value = self.objects.entries(node).get(VALUE_ENTRY)  # type: ignore[union-attr]
+                return None, None
+            node, data = self.nodes.read(child, "/".join(segments[: i + 1]))
+        if node.entries is None:
+            return node, data
+        value = node.entries.get(VALUE_ENTRY)
         if value is None:
-            return None, "", None
-        kind, data = self.objects.load(value)
-        if kind == TREE:
-            raise InvalidObject(f"tree {node} at {key!r}: its {VALUE_ENTRY!r} entry is a tree")
-        return value, kind, data
+            return None, None
+        found, data = self.nodes.read(value, f"{key}/{VALUE_ENTRY}")
+        if found.entries is not None:
+            raise InvalidObject(f"tree {node.id} at {key!r}: its {VALUE_ENTRY!r} entry is a tree")
+        return found, data
 
     def _snapshot(
         self,
@@ -281,6 +212,14 @@ class _Session:
             return key in pending or _covered(key, dropped)
 
         return base, pending, dropped, hidden
+
+    def _steps(self, items: list[tuple[str, ObjectId]]) -> Iterator[tuple[str, Node]]:
+        """The node of each ``(key, id)``, read in small batches as they are consumed."""
+        for i in range(0, len(items), _LIST_STEP):
+            step = items[i : i + _LIST_STEP]
+            nodes = self.nodes.nodes((oid, key) for key, oid in step)
+            for key, oid in step:
+                yield key, nodes[oid]
 
     def _walk(
         self,
@@ -295,7 +234,7 @@ class _Session:
         stack = [(folder, tree)]
         while stack:
             here, tid = stack.pop()
-            entries = self.objects.entries(tid) or {}
+            entries = self.nodes.entries(tid, here) or {}
             lead = f"{here}/" if here else ""
             todo = [
                 (lead + name, oid)
@@ -303,19 +242,16 @@ class _Session:
                 if name != VALUE_ENTRY
                 and ((lead + name).startswith(prefix) or prefix.startswith(f"{lead}{name}/"))
             ]
-            for i in range(0, len(todo), _CLASSIFY_BATCH):
-                batch = todo[i : i + _CLASSIFY_BATCH]
-                self.objects.load_many(oid for _, oid in batch)
-                for key, oid in batch:
-                    sub = self.objects.entries(oid)
-                    if sub is None:
-                        if key.startswith(prefix) and not hidden(key):
-                            yield key
-                        continue
-                    if VALUE_ENTRY in sub and key.startswith(prefix) and not hidden(key):
+            for key, node in self._steps(todo):
+                sub = node.entries
+                if sub is None:
+                    if key.startswith(prefix) and not hidden(key):
                         yield key
-                    if not _covered(key + "/", dropped):
-                        stack.append((key, oid))
+                    continue
+                if VALUE_ENTRY in sub and key.startswith(prefix) and not hidden(key):
+                    yield key
+                if not _covered(key + "/", dropped):
+                    stack.append((key, node.id))
 
     def keys(self, prefix: str) -> Iterator[str]:
         """Every key that starts with ``prefix``: uncommitted ones, then the base tree's."""
@@ -338,25 +274,27 @@ class _Session:
                 if name not in names:
                     names.add(name)
                     yield name
-        folder = self._folder(base, here)
+        folder = self._tree_at(base, here)
         if folder is None:
             return
-        for name, oid in sorted((self.objects.entries(folder) or {}).items()):
-            if name == VALUE_ENTRY or name in names:
-                continue
-            key = lead + name
-            sub = self.objects.entries(oid)
+        todo = [
+            (lead + name, oid)
+            for name, oid in sorted((folder.entries or {}).items())
+            if name != VALUE_ENTRY and name not in names
+        ]
+        for key, node in self._steps(todo):
+            sub = node.entries
             if sub is None:
                 visible = not hidden(key)
             else:
                 visible = (VALUE_ENTRY in sub and not hidden(key)) or (
                     not _covered(key + "/", dropped)
-                    and next(self._walk(key, oid, key + "/", hidden, dropped), None) is not None
+                    and next(self._walk(key, node.id, key + "/", hidden, dropped), None) is not None
                 )
             if visible:
-                yield name
+                yield key[len(lead) :]
 
-    def _folder(self, base: ObjectId | None, path: str) -> ObjectId | None:
+    def _tree_at(self, base: ObjectId | None, path: str) -> Node | None:
         """The tree at folder ``path`` of ``base``, or None."""
         if base is None:
             return None
@@ -364,21 +302,20 @@ class _Session:
             segments = _segments(path) if path else []
         except InvalidName:
             return None  # no key can live under an invalid folder name
-        node = base
-        for name in segments:
-            entries = self.objects.entries(node)
-            child = entries.get(name) if entries is not None else None
+        node = self.nodes.node(base)
+        for i, name in enumerate(segments):
+            child = node.entries.get(name) if node.entries is not None else None
             if child is None:
                 return None
-            node = child
-        return node if self.objects.entries(node) is not None else None
+            node = self.nodes.node(child, "/".join(segments[: i + 1]))
+        return node if node.entries is not None else None
 
     # -- committing ----------------------------------------------------------------------------
     def build(self) -> ObjectId:
         """Store the trees of the current state, bottom-up; return the root tree id."""
         with self.lock:
             base, pending, dropped = self.base, dict(self.pending), sorted(self.dropped)
-        root = _Folder(dict(self.objects.entries(base) or {}) if base is not None else {})
+        root = _Folder(dict(self.nodes.entries(base) or {}) if base is not None else {})
         for prefix in dropped:  # before the writes: every pending write is newer than a drop
             self._apply(root, prefix[:-1].split("/"), None, drop=True)
         for key, oid in pending.items():
@@ -388,8 +325,12 @@ class _Session:
             oid = self._store_folder(entry) if isinstance(entry, _Folder) else entry
             if oid is not None:
                 entries[name] = oid
+        return self._put_tree(entries)
+
+    def _put_tree(self, entries: dict[str, ObjectId]) -> ObjectId:
+        """Store a tree and keep its node, so that reads after a commit do not read it back."""
         tid = self.store.put_tree(entries)
-        self.objects.note(tid, TREE)
+        self.nodes.add(Node(tid, TREE, len(entries), entries))
         return tid
 
     def _open(self, parent: _Folder, name: str, *, create: bool) -> _Folder | None:
@@ -402,7 +343,7 @@ class _Session:
                 return None
             folder = _Folder()
         else:
-            entries = self.objects.entries(entry)
+            entries = self.nodes.entries(entry)
             if entries is None:
                 if not create:
                     return None
@@ -415,15 +356,16 @@ class _Session:
     def _apply(self, root: _Folder, path: list[str], oid: ObjectId | None, *, drop: bool) -> None:
         """Set (``oid``), delete (None) or, with ``drop``, empty the folder at ``path``."""
         create = oid is not None
-        parent: _Folder | None = root
+        parent = root
         for name in path[:-1]:
-            parent = self._open(parent, name, create=create)
-            if parent is None:
+            opened = self._open(parent, name, create=create)
+            if opened is None:
                 return
+            parent = opened
         last = path[-1]
         entry = parent.entries.get(last)
         is_folder = isinstance(entry, _Folder) or (
-            entry is not None and self.objects.entries(entry) is not None
+            entry is not None and self.nodes.entries(entry) is not None
         )
         if drop:
             if is_folder:
@@ -457,9 +399,7 @@ class _Session:
             return None
         if entries.keys() == {VALUE_ENTRY}:
             return entries[VALUE_ENTRY]
-        tid = self.store.put_tree(entries)
-        self.objects.note(tid, TREE)
-        return tid
+        return self._put_tree(entries)
 
 
 # Pickling: a store travels as its URL, and within one process as the very same `Store`
@@ -537,8 +477,10 @@ class CASStore(ZarrStore):
             except InvalidName:
                 pass  # an id or id prefix, not a ref name
         session = _Session(store, tree, seen)
-        if tree is not None and session.objects.entries(tree) is None:
-            raise InvalidObject(f"object {tree} is a blob, not a tree: it cannot root a zarr store")
+        if tree is not None and (kind := session.nodes.node(tree).kind) != TREE:
+            raise InvalidObject(
+                f"object {tree} is a {kind}, not a tree: it cannot root a zarr store"
+            )
         self._session = session
 
     @classmethod
@@ -601,6 +543,7 @@ class CASStore(ZarrStore):
         return self._view(self._session, read_only)
 
     def __eq__(self, other: object) -> bool:
+        # docstring inherited; equal when they would read the same keys and values
         if not isinstance(other, CASStore):
             return False
         a, b = self._session, other._session
@@ -657,15 +600,15 @@ class CASStore(ZarrStore):
         prototype = prototype or default_buffer_prototype()
         self._is_open = True
         s = self._session
-        oid, kind, data = s.locate(key)
-        if oid is None:
+        node, data = s.locate(key)
+        if node is None:
             return None
-        if kind == BLOB:
-            value = encoding.blob_data(data if data is not None else s.store.get_raw(oid))
+        if node.kind == BLOB:
+            value = encoding.blob_data(data if data is not None else s.store.get_raw(node.id))
             start, stop = _span(len(value), byte_range)
             return prototype.buffer.from_bytes(value[start:stop])
         # a chunked blob: read only the chunks the range covers
-        with s.store.open_blob(oid) as f:
+        with s.store.open_blob(node.id) as f:
             start, stop = _span(f.size, byte_range)
             f.seek(start)
             return prototype.buffer.from_bytes(f.read(stop - start))
@@ -680,14 +623,15 @@ class CASStore(ZarrStore):
         _segments(key)
         self._is_open = True
         data = value.to_bytes()
-        # put_blob chunks exactly the values longer than one chunk
-        kind = BLOB if len(data) <= CHUNK_SIZE else _CHUNKED
-        self._set_id(key, self._session.store.put_blob(data), kind)
+        oid = self._session.store.put_blob(data)
+        # put_blob chunks exactly the values longer than one chunk; a single blob's node is
+        # known without reading it back (a chunked one's chunk ids are not)
+        self._set_id(key, oid, Node(oid, BLOB, len(data)) if len(data) <= CHUNK_SIZE else None)
 
-    def _set_id(self, key: str, oid: ObjectId, kind: str | None = None) -> None:
+    def _set_id(self, key: str, oid: ObjectId, node: Node | None = None) -> None:
         _segments(key)
-        if kind is not None:
-            self._session.objects.note(oid, kind)
+        if node is not None:
+            self._session.nodes.add(node)
         self._session.put(key, oid)
 
     def delete_sync(self, key: str) -> None:
@@ -719,15 +663,11 @@ class CASStore(ZarrStore):
         return self._session.locate(key)[0] is not None
 
     async def getsize(self, key: str) -> int:
-        # docstring inherited; a chunked blob's size comes from its manifest alone
-        s = self._session
-        oid, kind, data = s.locate(key)
-        if oid is None:
+        # docstring inherited; the size is the node's (a chunked blob's from its manifest alone)
+        node = self._session.locate(key)[0]
+        if node is None:
             raise FileNotFoundError(key)
-        if kind == BLOB:
-            return len(encoding.blob_data(data if data is not None else s.store.get_raw(oid)))
-        with s.store.open_blob(oid) as f:
-            return f.size
+        return node.size
 
     async def set(self, key: str, value: Buffer) -> None:
         # docstring inherited
