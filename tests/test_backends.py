@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -31,6 +32,7 @@ from medomni_cas.store.backends._packs import build_index, build_pack
 from medomni_cas.store.backends.cached import CachedBackend
 from medomni_cas.store.backends.directory import DirectoryBackend
 from medomni_cas.store.backends.fsspec import FsspecBackend
+from medomni_cas.store.backends.fsspec._remote import Remote
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.backends.memory import MemoryBackend
 from medomni_cas.store.host import pid_alive
@@ -205,8 +207,10 @@ class TestCachedBackend(BackendTests):
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1 with one bucket; dummy credentials in the environment."""
-    from moto.server import ThreadedMotoServer
+    """A moto S3 server on 127.0.0.1 with one bucket; dummy credentials in the environment.
+
+    Its conditional PUTs are atomic, as S3's are (see tests/moto_s3.py)."""
+    from tests.moto_s3 import AtomicS3Server
 
     with pytest.MonkeyPatch.context() as mp:
         for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
@@ -215,7 +219,7 @@ def s3_endpoint() -> Iterator[str]:
         mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
         mp.setenv("NO_PROXY", "127.0.0.1,localhost")  # never through a proxy
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server = AtomicS3Server(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         try:
             _, port = server.get_host_and_port()
@@ -484,6 +488,40 @@ def test_s3_conditional_writes_are_enforced(s3_endpoint: str) -> None:
     assert remote.replace(path, b"3", etag)
     assert not remote.replace(path, b"4", etag)  # stale ETag
     assert remote.read_versioned(path)[0] == b"3"
+
+
+def test_s3_conditional_creates_have_one_winner(s3_endpoint: str) -> None:
+    """Racing create-only writes of one key: exactly one wins, every time (S3's promise,
+    which the ref protocol's update step stands on). Threads switch every microsecond so
+    that a check-then-write server (plain moto: 10 of 150 keys had two winners) fails here."""
+    remote = FsspecBackend(s3_url(s3_endpoint)).io
+    racers = 16
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        _race_creates(remote, racers, keys=100)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _race_creates(remote: Remote, racers: int, keys: int) -> None:
+    for key in range(keys):
+        path = remote.path(f"race-{key}")
+        start = threading.Barrier(racers)
+        won: list[bool] = []
+
+        def race(
+            i: int, path: str = path, start: threading.Barrier = start, won: list[bool] = won
+        ) -> None:
+            start.wait()
+            won.append(remote.create(path, b"%d" % i))
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(won) == [False] * (racers - 1) + [True], path
 
 
 # -- the suite without pytest ----------------------------------------------------------------
