@@ -69,8 +69,9 @@ def test_the_core_does_not_pull_the_extras() -> None:
         assert set(_requirements(extras[extra])) == names, extra
         assert not names & set(core), extra
     dev = _requirements(extras["dev"])
-    assert dev["medomni-cas"].extras == {"notebook", "bench", "s3"}
-    assert {"pytest", "mypy", "build", "jsonschema", "mkdocs", "mkdocs-material"} <= set(dev)
+    assert dev["medomni-cas"].extras == {"notebook", "bench", "s3", "docs"}
+    assert {"pytest", "mypy", "build", "jsonschema"} <= set(dev)
+    assert set(_requirements(extras["docs"])) == {"mkdocs", "mkdocs-material"}
 
 
 def test_the_harbor_adapter_pins_agree_with_the_core() -> None:

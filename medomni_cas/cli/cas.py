@@ -469,9 +469,11 @@ def cmd_clone(args: argparse.Namespace) -> int:
 
 # -- parsers -------------------------------------------------------------------------------------
 _GROUP_HELP = """\
-The content-addressed object store under everything MedOmni keeps: objects (blobs,
-trees, records) named by the BLAKE3 hash of their bytes, and refs (names -> ids, moved
-only by compare-and-swap, with a history). An ID is a full id, a unique prefix of at
+the content-addressed object store
+
+Everything MedOmni keeps lives in it: objects (blobs, trees, records) named by the BLAKE3
+hash of their bytes, and refs (names -> ids, moved only by compare-and-swap, with a
+history). An ID is a full id, a unique prefix of at
 least 8 hex characters, or a ref name. The store is --store URL, else the workspace's.
 
 objects:      init, put, cat, show, ls, resolve
