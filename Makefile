@@ -21,11 +21,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The reference site, into site/ (git-ignored); --strict makes a broken link or nav entry an
 # error. Its reference pages and schema files are generated from the code by docs/hooks.py.
@@ -37,7 +39,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks_perf store
 
 clean:
-	rm -rf $(VENV) .medomni .pytest_cache site
+	rm -rf $(VENV) .medomni .pytest_cache .mypy_cache site
 
 # A private Docker engine in .docker/ (root: installs docker.io, containerd, runc, busybox-static
 # and bash-static from apt when missing), with the base image local/base:1. The tests use it

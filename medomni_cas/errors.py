@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from medomni_cas.store.sync import SyncReport
+
 __all__ = [
     "AmbiguousId",
     "ConflictError",
@@ -68,6 +73,9 @@ class IntegrityError(MedomniError):
 
 class ConflictError(MedomniError):
     """A ref changed under us: someone else updated it first."""
+
+    #: Set (not always) on the error a push, pull or sync raises: what that sync did.
+    report: SyncReport | None
 
     def __init__(self, name: str, expected: str | None, current: str | None) -> None:
         super().__init__(

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import blake3
 
@@ -84,9 +84,15 @@ def _pytest() -> Any:
     return pytest
 
 
+def _skip(reason: str) -> NoReturn:
+    """``pytest.skip``, typed as what it is: it raises (``_pytest`` is typed Any)."""
+    _pytest().skip(reason)
+    raise AssertionError("pytest.skip returned")  # never reached: skip raises
+
+
 def _deletes(backend: Backend) -> None:
     if not backend.supports_deletes:
-        _pytest().skip(f"{backend!r} does not delete objects")
+        _skip(f"{backend!r} does not delete objects")
 
 
 def _backend_fixture(self: BackendTests, tmp_path: Path) -> Iterator[Backend]:
@@ -100,6 +106,9 @@ class BackendTests:
 
     #: How many objects `test_many_objects` puts in one batch.
     many: int = 2000
+
+    #: The fixture each test takes: a subclass's own, else the default set below.
+    backend: Any
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -115,11 +124,11 @@ class BackendTests:
     def set(self, backend: Backend, key: bytes, data: bytes, *, stamp: float | None = None) -> None:
         """Store ``data`` under ``key`` around ``backend`` (not through its methods), as if
         written at ``stamp`` (epoch seconds; None: now). ``data`` need not hash to ``key``."""
-        _pytest().skip(f"{type(self).__name__} defines no bypass hook `set`")
+        _skip(f"{type(self).__name__} defines no bypass hook `set`")
 
     def get(self, backend: Backend, key: bytes) -> bytes | None:
         """The bytes stored under ``key``, read around ``backend``; None when absent."""
-        _pytest().skip(f"{type(self).__name__} defines no bypass hook `get`")
+        _skip(f"{type(self).__name__} defines no bypass hook `get`")
 
     def orphans(self, backend: Backend) -> int:
         """Leave in ``backend``'s storage what killed writers leave behind (files that are
@@ -242,7 +251,7 @@ class BackendTests:
     # -- deleting (gc's contract) ------------------------------------------------------------
     def test_delete_unsupported(self, backend: Backend) -> None:
         if backend.supports_deletes:
-            _pytest().skip(f"{backend!r} deletes")
+            _skip(f"{backend!r} deletes")
         k = key(b"kept")
         backend.put(k, b"kept")
         with _pytest().raises(UnsupportedOperation):
@@ -447,7 +456,7 @@ class BackendTests:
 
     def test_threads_lose_no_update(self, backend: Backend) -> None:
         if not backend.supports_atomic_refs:
-            _pytest().skip(f"{backend!r}: ref updates are not atomic across writers")
+            _skip(f"{backend!r}: ref updates are not atomic across writers")
         errors: list[BaseException] = []
 
         def work() -> None:

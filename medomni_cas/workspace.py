@@ -130,7 +130,7 @@ class Workspace:
 
         try:
             # `| None`: an empty file (or only comments) is a workspace with the defaults
-            settings, doc = load_with_doc(path, WorkspaceFile | None)  # type: ignore[arg-type]
+            settings, doc = load_with_doc(path, WorkspaceFile | None)  # type: ignore[arg-type]  # a union is no type[T] (TypeForm: PEP 747)
         except SpecError as e:
             problem = e.problem.replace("`object | null`", "a mapping")
             raise SpecError(e.file, e.line, e.field, problem) from None

@@ -181,6 +181,8 @@ def test_the_wheel_works_on_its_own(tmp_path: Path) -> None:
         meta = z.read(f"medomni_cas-{medomni_cas.__version__}.dist-info/METADATA").decode()
     assert f"medomni_cas-{medomni_cas.__version__}.dist-info/licenses/LICENSE" in names
     assert "medomni_cas/bench/baseline.py" in names
+    assert "medomni_cas/py.typed" in names  # PEP 561: checkers read the package's own types
+    assert "Classifier: Typing :: Typed" in meta
     assert not any(n.startswith(("tests/", "examples/")) for n in names)
     # starlette only with the bench extra, pandas only with notebook
     requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:")]

@@ -44,7 +44,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import blake3
 import msgspec
@@ -381,9 +381,16 @@ def _web() -> Any:
     return require("uvicorn", "bench", "the perception gateway")
 
 
+class _Servable(Protocol):
+    """What `serve` serves: anything with an ASGI ``app`` (a `Gateway`, or a stand-in)."""
+
+    @property
+    def app(self) -> Any: ...
+
+
 @contextlib.contextmanager
 def serve(
-    gateway: Gateway, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout: float = 10.0
+    gateway: _Servable, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout: float = 10.0
 ) -> Iterator[str]:
     """Serve ``gateway`` with uvicorn in a background thread; yield its base URL.
 

@@ -116,7 +116,7 @@ class ProcessRunner(Runner):
                 from medomni_cas.bench.perception import serve
 
                 self._current = _Current()
-                self._url = stack.enter_context(serve(self._current, host="127.0.0.1", port=0))  # type: ignore[arg-type]
+                self._url = stack.enter_context(serve(self._current, host="127.0.0.1", port=0))
             for spec in job.trials:
                 yield self._trial(job, spec, cmd)
 

@@ -123,7 +123,7 @@ def _write(path: Path, data: bytes) -> None:
     atomic_write(path, data, durable=False)
 
 
-def _records[T: msgspec.Struct](path: Path, cls: type[T]) -> list[tuple[ObjectId, T, bytes]]:
+def _records[T: encoding.Record](path: Path, cls: type[T]) -> list[tuple[ObjectId, T, bytes]]:
     out = []
     if not path.is_file():
         raise RunFolderError(f"{path}: missing")
@@ -136,7 +136,7 @@ def _records[T: msgspec.Struct](path: Path, cls: type[T]) -> list[tuple[ObjectId
             record = msgspec.convert(doc["record"], cls, dec_hook=_dec_hook)
         except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as e:
             raise RunFolderError(f"{path}:{n}: not a {cls.__name__} line: {e}") from None
-        data = encoding.encode(record)  # type: ignore[arg-type]
+        data = encoding.encode(record)
         if hash_bytes(data) != oid:
             raise RunFolderError(
                 f"{path}:{n}: the record does not hash to its id {oid} (edited or damaged)"

@@ -69,7 +69,7 @@ def progress_bar(*, total: int | None, unit: str, desc: str) -> Bar:
         warnings.simplefilter("ignore", TqdmWarning)  # "IProgress not found": text it is
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, unit=unit, desc=desc)  # type: ignore[no-any-return]
+        return tqdm(total=total, unit=unit, desc=desc)
 
 
 def _progress(enabled: bool) -> Progress | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Buffer, Iterator
 from typing import TYPE_CHECKING, BinaryIO
 
 from medomni_cas.errors import InvalidObject
@@ -145,7 +145,7 @@ class BlobReader(io.RawIOBase):
             self._cache = (index, bytes(blob_data(raw)))
         return self._cache[1]
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: Buffer) -> int:
         out = memoryview(buffer).cast("B")
         written = 0
         while written < len(out) and self._pos < self.size:

@@ -140,7 +140,7 @@ class _Layout(NamedTuple):
     size: int
     records_start: int
     index_offset: int
-    count: int
+    objects: int  # not "count": that is a tuple method
     digest: bytes
     roots: list[ObjectId]
     refs: dict[str, ObjectId]
@@ -221,7 +221,7 @@ def _check_digest(f: BinaryIO, path: str, size: int, digest: bytes) -> None:
 
 def _read_index(f: BinaryIO, path: str, lay: _Layout) -> dict[ObjectId, int]:
     f.seek(lay.index_offset)
-    raw = _read_exact(f, lay.count * _INDEX_ENTRY, path, lay.index_offset)
+    raw = _read_exact(f, lay.objects * _INDEX_ENTRY, path, lay.index_offset)
     index: dict[ObjectId, int] = {}
     previous = b""
     for i in range(0, len(raw), _INDEX_ENTRY):
@@ -275,8 +275,8 @@ def _verify_records(
             if link not in index:
                 outside.setdefault(link, oid)
         seen += 1
-    if seen != lay.count:
-        raise BundleError(path, f"index lists {lay.count} objects but {seen} records were found")
+    if seen != lay.objects:
+        raise BundleError(path, f"index lists {lay.objects} objects but {seen} records were found")
     return outside
 
 
@@ -291,7 +291,7 @@ def read_bundle_header(path: str | os.PathLike[str]) -> BundleInfo:
 def _info(path: str, lay: _Layout) -> BundleInfo:
     return BundleInfo(
         path=path,
-        objects=lay.count,
+        objects=lay.objects,
         bytes=lay.size,
         roots=[r.hex() for r in lay.roots],
         refs={n: v.hex() for n, v in lay.refs.items()},
@@ -349,7 +349,7 @@ def import_bundle(
                 ref, None if old is None else old.hex(), None if current is None else current.hex()
             )
         done.append(ref)
-    return ImportReport(objects=lay.count, new=new, refs_updated=done)
+    return ImportReport(objects=lay.objects, new=new, refs_updated=done)
 
 
 def _plan_refs(

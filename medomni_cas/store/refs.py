@@ -13,7 +13,8 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from types import EllipsisType
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -65,8 +66,9 @@ def check_ref_names(names: Sequence[object]) -> None:
     """
     if not names:
         return
+    strings = cast("Sequence[str]", names)  # until proved: join raises TypeError if not
     try:
-        joined = "/".join(names)  # type: ignore[arg-type]
+        joined = "/".join(strings)
     except TypeError:
         joined = ""  # not all strings: the check one by one says which
     if (
@@ -76,7 +78,7 @@ def check_ref_names(names: Sequence[object]) -> None:
         and not joined.startswith("/")
         and not joined.endswith("/")
         and "//" not in joined  # no empty name, no empty component
-        and max(map(len, names)) <= MAX_REF_NAME  # type: ignore[arg-type]
+        and max(map(len, strings)) <= MAX_REF_NAME
     ):
         return
     for name in names:
@@ -114,19 +116,19 @@ _LOG_DEC = msgspec.msgpack.Decoder(RefLogEntry)
 
 
 _not_none = partial(operator.is_not, None)
-_wrap_id = partial(bytes.__new__, ObjectId)  # ObjectId(raw) less its length check
+_wrap_id: Callable[[bytes], ObjectId] = partial(bytes.__new__, ObjectId)  # less the length check
 
 
 def _as_ids(raws: list[bytes | None]) -> list[ObjectId | None]:
     """Ref values as ids, None staying None, their lengths checked in one pass."""
     complete = None not in raws
-    values = raws if complete else list(filter(_not_none, raws))
+    values = cast("list[bytes]", raws if complete else list(filter(_not_none, raws)))
     if not set(map(len, values)) <= {ID_SIZE}:
         for raw in values:
             ObjectId(raw)  # raises InvalidId for the first of a wrong length
     if complete:
-        return list(map(_wrap_id, raws))
-    return [raw and _wrap_id(raw) for raw in raws]  # None stays None; ids are not empty
+        return list(map(_wrap_id, values))  # values is raws
+    return [None if raw is None else _wrap_id(raw) for raw in raws]
 
 
 def _raw(value: ObjectId | str | bytes | None) -> bytes | None:
@@ -209,7 +211,11 @@ class Refs:
 
     # -- atomic updates: False on a lost race ---------------------------------------------------
     def set_if_equals(
-        self, name: str, old: ObjectId | str | None, new: ObjectId | str | None, message: str = ""
+        self,
+        name: str,
+        old: ObjectId | str | bytes | None,
+        new: ObjectId | str | bytes | None,
+        message: str = "",
     ) -> bool:
         """Point ``name`` at ``new`` if it points at ``old`` now (None: absent / delete)."""
         check_ref_name(name)
@@ -235,7 +241,7 @@ class Refs:
         name: str,
         new: ObjectId | str,
         *,
-        expected: ObjectId | str | None = ...,  # type: ignore[assignment]
+        expected: ObjectId | str | EllipsisType | None = ...,
         message: str = "",
     ) -> None:
         """Set ``name``. With ``expected`` (None: must not exist), a lost race raises
@@ -254,7 +260,7 @@ class Refs:
         self,
         name: str,
         *,
-        expected: ObjectId | str | None = ...,  # type: ignore[assignment]
+        expected: ObjectId | str | EllipsisType | None = ...,
         message: str = "",
     ) -> None:
         if expected is ...:

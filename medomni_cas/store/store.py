@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import compress
-from typing import Any, BinaryIO, TypeVar, overload
+from typing import Any, BinaryIO, Literal, TypeVar, cast, overload
 
 import blake3
 
@@ -195,6 +195,14 @@ class Store:
             raise IntegrityError(oid.hex(), got.hex(), self.url)
         return data
 
+    @overload
+    def get_raw_many(
+        self, oids: Iterable[ObjectId], *, allow_missing: Literal[False] = ...
+    ) -> Iterator[tuple[ObjectId, bytes]]: ...
+    @overload
+    def get_raw_many(
+        self, oids: Iterable[ObjectId], *, allow_missing: bool
+    ) -> Iterator[tuple[ObjectId, bytes | None]]: ...
     def get_raw_many(
         self, oids: Iterable[ObjectId], *, allow_missing: bool = False
     ) -> Iterator[tuple[ObjectId, bytes | None]]:
@@ -267,7 +275,7 @@ class Store:
 
     def __contains__(self, oid: object) -> bool:
         try:
-            return self.backend.contains(_as_id(oid))  # type: ignore[arg-type]
+            return isinstance(oid, str | bytes) and self.backend.contains(_as_id(oid))
         except InvalidId:
             return False
 
@@ -346,7 +354,7 @@ class Store:
         raised when its object's turn comes, as reading one object at a time would."""
         got = self.backend.get_list(keys)
         present = [data is not None for data in got]  # not truthiness: b"" is an object
-        datas: list[bytes] = list(compress(got, present))  # type: ignore[arg-type]
+        datas = cast("list[bytes]", list(compress(got, present)))  # the None left out
         corrupt = set(mismatches(list(compress(keys, present)), datas))
         found, _, errors = reader.links(datas, ordered=True)
         j = 0

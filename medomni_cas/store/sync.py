@@ -38,7 +38,7 @@ Limit: the walk costs one presence round trip per level of the DAG, so a long ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import blake3
 import msgspec
@@ -149,7 +149,8 @@ class _Sender:
         self.progress = progress
         self.pending: set[bytes] = set()  # missing at dst and not written yet
         self.parents: dict[bytes, list[bytes]] = {}  # pending id -> objects waiting on it
-        self.waiting: dict[bytes, list[object]] = {}  # id -> [pending children, bytes]
+        self.waiting: dict[bytes, int] = {}  # id -> how many of its children are pending
+        self.held: dict[bytes, bytes] = {}  # the bytes of each waiting id
         self.buffer: list[tuple[bytes, bytes]] = []
         self.buffer_bytes = 0
         self.read_batch = _FIRST_READ
@@ -164,7 +165,7 @@ class _Sender:
         frontier = self._missing(roots)
         while frontier:
             candidates: list[bytes] = []
-            interior: list[tuple[bytes, bytes, list[ObjectId]]] = []
+            interior: list[tuple[bytes, bytes, list[bytes]]] = []
             i = 0
             while i < len(frontier):
                 part = frontier[i : i + self.read_batch]
@@ -190,7 +191,8 @@ class _Sender:
                         self.parents.setdefault(link, []).append(key)
                         n += 1
                 if n:
-                    self.waiting[key] = [n, data]
+                    self.waiting[key] = n
+                    self.held[key] = data
                 else:
                     self._ready(key, data)
         while self.buffer:
@@ -214,7 +216,7 @@ class _Sender:
         if None in got:  # not truthiness: b"" is an object
             key = keys[next(i for i, data in enumerate(got) if data is None)]
             raise NotFound("object", f"{bytes(key).hex()} (in {self.src.url})")
-        datas: list[bytes] = got  # type: ignore[assignment]
+        datas = cast("list[bytes]", got)  # no None in it, above
         corrupt = set(mismatches(keys, datas))
         ids, owners, unsure = self.reader.check(datas)
         doubtful = set(unsure)
@@ -255,11 +257,12 @@ class _Sender:
             self.nbytes += len(data)
             self.pending.discard(key)
             for parent in self.parents.pop(key, ()):
-                entry = self.waiting[parent]
-                entry[0] -= 1  # type: ignore[operator]
-                if entry[0] == 0:
+                left = self.waiting[parent] - 1
+                if left:
+                    self.waiting[parent] = left
+                else:
                     del self.waiting[parent]
-                    data_p: bytes = entry[1]  # type: ignore[assignment]
+                    data_p = self.held.pop(parent)
                     self.buffer.append((parent, data_p))
                     self.buffer_bytes += len(data_p)
         self._tick()
@@ -385,7 +388,7 @@ def _raise_failures(report: SyncReport) -> None:
             err.args = (f"{report.dst}: {err.args[0]}",)
         else:
             continue
-        err.report = report  # type: ignore[attr-defined]
+        err.report = report
         raise err
 
 

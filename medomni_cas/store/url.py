@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import blake3
 
@@ -38,7 +39,7 @@ def _load(target: str) -> type[Backend]:
     import importlib
 
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return cast("type[Backend]", getattr(importlib.import_module(module), name))
 
 
 def _backend_class(scheme: str) -> type[Backend]:
@@ -48,7 +49,7 @@ def _backend_class(scheme: str) -> type[Backend]:
 
     for ep in entry_points(group="medomni.backends"):
         if ep.name == scheme:
-            return ep.load()
+            return cast("type[Backend]", ep.load())  # what the group's entry points name
     if scheme in _BUILTIN:
         return _load(_BUILTIN[scheme])
     return _load(_FSSPEC)

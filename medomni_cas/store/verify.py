@@ -34,7 +34,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 from itertools import compress
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import msgspec
 
@@ -259,10 +259,11 @@ def _present(
 ) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """The keys and bytes of the objects read, and the keys of those that were not."""
     if None not in got:
-        return keys, got, []  # type: ignore[return-value]
+        return keys, cast("list[bytes]", got), []
     here = [data is not None for data in got]  # not truthiness: b"" is an object
     absent = list(compress(keys, map(operator.not_, here)))
-    return list(compress(keys, here)), list(compress(got, here)), absent  # type: ignore[arg-type]
+    datas = cast("list[bytes]", list(compress(got, here)))  # the None left out
+    return list(compress(keys, here)), datas, absent
 
 
 def walk_checked(

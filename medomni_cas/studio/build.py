@@ -187,7 +187,7 @@ def _put_files(store: Store, files: dict[Any, dict[str, bytes]]) -> dict[Any, di
 def _format_check(folder: TemplateFolder) -> FormatCheck:
     shapes = []
     for t in folder.template.targets:
-        classes = folder.dataset.label(t.label).classes  # type: ignore[union-attr]
+        classes = folder.dataset.label(t.label).classes  # type: ignore[union-attr]  # folders.py checked it exists
         shapes.append(
             TargetShape(
                 name=t.label,

@@ -94,7 +94,7 @@ def select_cohort(folder: TemplateFolder, name: str, tables: dict[str, pa.Table]
     for req in c.inclusion.requires:
         t = tables[req.table]
         rows = t.filter(where_mask(t, dict(req.where)))
-        tcol = ds.table(req.table).time_column  # type: ignore[union-attr]
+        tcol = ds.table(req.table).time_column  # type: ignore[union-attr]  # folders.py checked it exists
         if tcol is not None:
             rows = rows_before(rows, key, tcol, times)
         have = set(rows[key].to_pylist())
@@ -135,7 +135,7 @@ def _labels(
     out: dict[Any, dict[str, Value]] = {p: {} for p in times}
     requests = list(times.items())
     for target in folder.template.targets:
-        recipe: Recipe = ds.label(target.label)  # type: ignore[assignment]
+        recipe: Recipe = ds.label(target.label)  # type: ignore[assignment]  # folders.py checked it
         table_name = getattr(recipe, "table", None)
         tinfo = ds.table(table_name) if table_name else None
         if tinfo is None or tinfo.time_column is None:
@@ -152,7 +152,7 @@ def _labels(
 def _guards(folder: TemplateFolder) -> list[Guard]:
     out: list[Guard] = []
     for t in folder.template.targets:
-        for g in folder.dataset.label(t.label).all_guards():  # type: ignore[union-attr]
+        for g in folder.dataset.label(t.label).all_guards():  # type: ignore[union-attr]  # folders.py checked it exists
             if g not in out:
                 out.append(g)
     return out

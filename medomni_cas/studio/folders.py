@@ -126,7 +126,7 @@ def _check_template(doc: Doc, tpl: Template, ds: Dataset) -> None:
     for i, t in enumerate(tpl.targets):
         label = ds.label(t.label)
         if label is None:
-            have = ", ".join(lb.name for lb in ds.labels) or "none"  # type: ignore[attr-defined]
+            have = ", ".join(lb.name for lb in ds.labels) or "none"
             raise doc.error(
                 f"targets[{i}].label", f"no label {t.label!r} in dataset {ds.name} (has: {have})"
             )

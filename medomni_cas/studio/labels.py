@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import msgspec
 import numpy as np
@@ -145,6 +145,9 @@ class Recipe:
     """
 
     __slots__ = ()
+
+    if TYPE_CHECKING:  # a field of every concrete recipe (declared here for the checker only)
+        name: str
 
     @property
     def classes(self) -> tuple[str, ...]:

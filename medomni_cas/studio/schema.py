@@ -203,7 +203,7 @@ class Dataset(Spec, frozen=True, kw_only=True):
             yield "tables", "list at least one table"
         yield from unique([t.name for t in self.tables], "tables", "table")
         yield from unique([a.name for a in self.arrays], "arrays", "array family")
-        yield from unique([lb.name for lb in self.labels], "labels", "label")  # type: ignore[attr-defined]
+        yield from unique([lb.name for lb in self.labels], "labels", "label")
         table_families = {t.family for t in self.tables}
         for i, a in enumerate(self.arrays):
             if a.name in table_families:
@@ -219,7 +219,7 @@ class Dataset(Spec, frozen=True, kw_only=True):
         return next((t for t in self.tables if t.name == name), None)
 
     def label(self, name: str) -> Recipe | None:
-        return next((lb for lb in self.labels if lb.name == name), None)  # type: ignore[attr-defined]
+        return next((lb for lb in self.labels if lb.name == name), None)
 
 
 # -- template.yaml ---------------------------------------------------------------------------

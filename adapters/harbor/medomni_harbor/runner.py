@@ -383,8 +383,8 @@ def _quiet_harbor() -> None:
             kwargs.setdefault("console", Console(file=io.StringIO()))
             super().__init__(*args, **kwargs)
 
-    harbor_job.Progress = _Unseen  # type: ignore[attr-defined]
-    harbor_job._medomni_quiet = True  # type: ignore[attr-defined]
+    harbor_job.Progress = _Unseen
+    harbor_job._medomni_quiet = True
 
 
 def _harbor_thread(config: Any, results: queue.Queue[Any], state: dict[str, Any]) -> None:

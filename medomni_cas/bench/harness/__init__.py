@@ -113,7 +113,7 @@ def run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, tuple[str, 
     out = {}
     for rid, data in store.get_raw_many(runs):  # verified bytes (never None: no allow_missing)
         try:
-            state = encoding.decode_view(data, _RunState)  # type: ignore[arg-type]
+            state = encoding.decode_view(data, _RunState)
         except InvalidObject as e:
             raise MedomniError(f"run slot points at {rid}: {e}") from None
         out[rid] = (state.outcome, state.attempt)

@@ -12,6 +12,7 @@ import operator
 from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import compress
+from typing import cast
 
 import blake3
 import msgspec
@@ -67,11 +68,11 @@ class BatchChecker:
     ) -> Findings:
         """Check the objects ``got`` for ``keys`` (None: not stored)."""
         out = Findings()
-        datas: list[bytes] = got  # type: ignore[assignment]  # once the None are out, below
+        datas = cast("list[bytes]", got)  # once the None are out, below
         if None in got:
             present = [data is not None for data in got]  # not truthiness: b"" is an object
             out.absent = list(compress(keys, map(operator.not_, present)))
-            keys, datas = list(compress(keys, present)), list(compress(got, present))  # type: ignore[arg-type]
+            keys, datas = list(compress(keys, present)), list(compress(datas, present))
         out.objects = len(keys)
         out.nbytes = sum(map(len, datas))
         corrupt = mismatches(keys, datas)

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import getitem, itemgetter, sub
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -145,7 +145,8 @@ def _headers_of(datas: Sequence[bytes]) -> list[bytes]:
     """Each object's header bytes (meaningful for fixstr kinds only), in a few C passes."""
     try:
         ends = map(sub, map(itemgetter(1), datas), repeat(0xA0 - 3))
-        return list(map(getitem, datas, map(slice, repeat(0), ends)))
+        heads = list(map(getitem, datas, map(slice, repeat(0), ends)))
+        return cast("list[bytes]", heads)  # a slice of bytes (typeshed: of a Sequence)
     except IndexError:  # an object of under 2 bytes
         return list(map(header_of, datas))
 
@@ -173,7 +174,7 @@ def _ids_if_all_links(exts: list[_Ext]) -> list[bytes] | None:
 
 
 def _is_link(v: _Ext) -> bool:
-    return v.code == encoding.LINK_EXT and len(v.data) == ID_SIZE
+    return v.code == encoding.LINK_EXT and len(v.data) == ID_SIZE  # type: ignore[arg-type]  # msgspec's stub: Ext.data is a Buffer (decoded: bytes)
 
 
 class _Found:
@@ -261,7 +262,7 @@ def _mirror_links(
 
 
 def _decodable(
-    decoder: msgspec.msgpack.Decoder, group: list[bytes], idx: list[int], failed: list[int]
+    decoder: msgspec.msgpack.Decoder[Any], group: list[bytes], idx: list[int], failed: list[int]
 ) -> tuple[list[Any], list[bytes], list[int]]:
     """The objects of ``group`` that ``decoder`` decodes, decoded (with their bytes and
     indexes); the indexes of the others go to ``failed``. Only after a decode of the whole

@@ -37,7 +37,8 @@ import typing
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import Any
+from types import GenericAlias
+from typing import Any, cast
 
 import msgspec
 
@@ -85,6 +86,9 @@ _ONE, _MANY, _OTHER = "one", "many", "other"
 _Extract = Callable[[Iterable[Any], Iterable[int], list[Any], list[int]], None]
 # (without owners, with owners): reading the link fields of a batch of bodies
 _Readers = tuple[_Extract, _Extract]
+# decodes [kind, version, body]; GenericAlias(tuple, (str, int, T)) spells tuple[str, int, T]
+# for a T made at run time, which a checker would read as a variable used as a type
+_Decoder = msgspec.msgpack.Decoder[tuple[str, int, Any]]
 # check(values, datas, owners, exts, of, doubtful): the mirror check of a group (below)
 _Check = Callable[
     [Iterable[Any], Iterable[bytes], Iterable[int], list[Any], list[int], list[int]], None
@@ -95,11 +99,16 @@ class Kind:
     """How the objects of one kind and version (one header) are read."""
 
     __slots__ = ("check", "floats", "has_links", "links", "mirror", "mirror_links", "view")
+    view: _Decoder | None
+    links: _Readers
+    mirror: _Decoder | None
+    mirror_links: _Readers
+    check: tuple[_Check, _Check] | None
 
     def __init__(
         self,
-        view: tuple[msgspec.msgpack.Decoder, _Readers] | None,
-        mirror: tuple[msgspec.msgpack.Decoder, _Readers, tuple[_Check, _Check]] | None,
+        view: tuple[_Decoder, _Readers] | None,
+        mirror: tuple[_Decoder, _Readers, tuple[_Check, _Check]] | None,
         has_links: bool = True,
         floats: bool = True,
     ) -> None:
@@ -243,7 +252,8 @@ def _compile(head: list[str], body: list[str], **names: Any) -> Callable[..., No
     attribute names (checked to be identifiers) come from outside."""
     namespace: dict[str, Any] = {"repeat": repeat, "collect": _collect_exts, **names}
     exec("\n".join([*head, *body]), namespace)
-    return namespace["f"]  # type: ignore[no-any-return]
+    f: Callable[..., None] = namespace["f"]
+    return f
 
 
 _HEAD = "    add, own, more, owns = exts.append, of.append, exts.extend, of.extend"
@@ -326,12 +336,12 @@ def _view_struct(cls: type[msgspec.Struct]) -> type:
     )
 
 
-def _view(cls: type[msgspec.Struct]) -> tuple[msgspec.msgpack.Decoder, _Readers] | None:
+def _view(cls: type[msgspec.Struct]) -> tuple[_Decoder, _Readers] | None:
     fields = _link_fields(cls)
     if not fields:
         return None  # links in a kind whose class has no place for one: read generically
     try:
-        dec = msgspec.msgpack.Decoder(tuple[str, int, _view_struct(cls)])
+        dec = msgspec.msgpack.Decoder(GenericAlias(tuple, (str, int, _view_struct(cls))))
         return dec, _links_readers(cls)
     except (TypeError, ValueError):  # a union msgspec cannot decode as typed: all generic
         view = msgspec.defstruct(
@@ -340,7 +350,8 @@ def _view(cls: type[msgspec.Struct]) -> tuple[msgspec.msgpack.Decoder, _Readers]
             rename={f.name: f.encode_name for f in fields},
             kw_only=True,
         )
-        return msgspec.msgpack.Decoder(tuple[str, int, view]), _links_readers(cls, generic=True)
+        generic = msgspec.msgpack.Decoder(GenericAlias(tuple, (str, int, view)))
+        return generic, _links_readers(cls, generic=True)
 
 
 class _NoMirror(Exception):
@@ -368,11 +379,13 @@ def _mirror_type(tp: Any, memo: dict[type, type | None]) -> Any:
     if origin is typing.Union or isinstance(tp, types.UnionType):
         return typing.Union[tuple(_mirror_type(a, memo) for a in args)]  # noqa: UP007
     if origin is tuple:
-        return tuple[tuple(a if a is Ellipsis else _mirror_type(a, memo) for a in args)]
+        return GenericAlias(
+            tuple, tuple(a if a is Ellipsis else _mirror_type(a, memo) for a in args)
+        )
     if origin is list and len(args) == 1:
-        return list[_mirror_type(args[0], memo)]  # type: ignore[misc]
+        return GenericAlias(list, (_mirror_type(args[0], memo),))
     if origin is dict and len(args) == 2 and args[0] is str:
-        return dict[str, _mirror_type(args[1], memo)]  # type: ignore[misc]
+        return GenericAlias(dict, (str, _mirror_type(args[1], memo)))
     raise _NoMirror(tp)
 
 
@@ -419,9 +432,9 @@ def _has_float(tp: Any, seen: set[type]) -> bool:
 
 def _mirror(
     cls: type[msgspec.Struct],
-) -> tuple[msgspec.msgpack.Decoder, _Readers, tuple[_Check, _Check]] | None:
+) -> tuple[_Decoder, _Readers, tuple[_Check, _Check]] | None:
     try:
-        dec = msgspec.msgpack.Decoder(tuple[str, int, _mirror_struct(cls, {})])
+        dec = msgspec.msgpack.Decoder(GenericAlias(tuple, (str, int, _mirror_struct(cls, {}))))
         return dec, _links_readers(cls), _mirror_checkers(cls)
     except (_NoMirror, TypeError, ValueError):  # a type msgspec cannot decode as given
         return None
@@ -505,12 +518,12 @@ def _collect_exts(value: object, out: list[_Ext]) -> int:
     """Append every ``Ext`` inside ``value`` (structs, maps and arrays nest); how many."""
     t = type(value)
     if t is _Ext:
-        out.append(value)  # type: ignore[arg-type]
+        out.append(cast("_Ext", value))  # t is _Ext
         return 1
     if t is tuple or t is list:
         items: Any = value
     elif t is dict:
-        items = value.values()  # type: ignore[attr-defined]
+        items = cast("dict[Any, Any]", value).values()
     elif isinstance(value, msgspec.Struct):
         items = msgspec.structs.astuple(value)
     else:
@@ -528,8 +541,9 @@ def _collect_exts(value: object, out: list[_Ext]) -> int:
 def _ids_or_raise(exts: list[_Ext]) -> list[bytes]:
     """The ids of ``exts``; `InvalidObject` for an extension that is not a link."""
     for v in exts:
-        if v.code != encoding.LINK_EXT or len(v.data) != ID_SIZE:
-            raise InvalidObject(f"unknown msgpack extension type {v.code} ({len(v.data)} B)")
+        if v.code != encoding.LINK_EXT or len(v.data) != ID_SIZE:  # type: ignore[arg-type]  # msgspec's stub: Ext.data is a Buffer (decoded: bytes)
+            size = len(v.data)  # type: ignore[arg-type]  # msgspec's stub: Ext.data is a Buffer (decoded: bytes)
+            raise InvalidObject(f"unknown msgpack extension type {v.code} ({size} B)")
     return list(map(DATA, exts))
 
 

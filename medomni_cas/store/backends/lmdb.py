@@ -27,7 +27,7 @@ from binascii import hexlify
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar, cast, overload
 
 import lmdb
 
@@ -106,10 +106,22 @@ class LMDBBackend(Backend):
                 self.env.set_mapsize(0)  # adopt the size another process grew the map to
         raise RuntimeError(f"{self.url}: LMDB map could not be grown")
 
-    def _read(self, db: lmdb._Database | None = None, *, buffers: bool = True) -> lmdb.Transaction:
+    @overload
+    def _read(
+        self, db: lmdb._Database | None = None, *, buffers: Literal[True] = ...
+    ) -> lmdb.Transaction[memoryview]: ...
+    @overload
+    def _read(
+        self, db: lmdb._Database | None = None, *, buffers: Literal[False]
+    ) -> lmdb.Transaction[bytes]: ...
+    def _read(
+        self, db: lmdb._Database | None = None, *, buffers: bool = True
+    ) -> lmdb.Transaction[memoryview] | lmdb.Transaction[bytes]:
         for _ in range(64):
             try:
-                return self.env.begin(db=db, buffers=buffers)
+                if buffers:
+                    return self.env.begin(db=db, buffers=True)
+                return self.env.begin(db=db, buffers=False)
             except lmdb.MapResizedError:
                 self.env.set_mapsize(0)  # another process grew the map (maybe again)
         raise RuntimeError(f"{self.url}: LMDB map keeps being resized by another process")
@@ -164,11 +176,13 @@ class LMDBBackend(Backend):
         # one C-level pass per step (get, flag check, header cut) instead of a Python loop
         # per key: a walk's reads cost about what raw txn.get costs
         with self._read(self._objects, buffers=False) as txn:
-            values = list(map(txn.get, keys))
+            get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
+            values = list(map(get, keys))
         if None not in values:
-            flags = bytes(map(_FIRST, values))
+            found = cast("list[bytes]", values)
+            flags = bytes(map(_FIRST, found))
             if flags.count(_INLINE) == len(flags):
-                return list(map(_DATA, values))
+                return list(map(_DATA, found))
         return [self._value(key, value) for key, value in zip(keys, values, strict=True)]
 
     def _value(self, key: bytes, value: bytes | None) -> bytes | None:
@@ -230,12 +244,12 @@ class LMDBBackend(Backend):
     def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
         # docstring inherited
         start = bytes.fromhex(hex_prefix[: len(hex_prefix) // 2 * 2])
-        out = []
+        out: list[bytes] = []
         with self._read() as txn:
             cur = txn.cursor(self._objects)
             if cur.set_range(start):
-                for key in cur.iternext(keys=True, values=False):
-                    key = bytes(key)
+                for view in cur.iternext(keys=True, values=False):
+                    key = bytes(view)
                     if not key.startswith(start):
                         break
                     if key.hex().startswith(hex_prefix):
@@ -318,7 +332,8 @@ class LMDBBackend(Backend):
         # one read transaction; values as bytes, not buffers: for 32-byte values a buffer
         # costs more than the copy it saves
         with self._read(self._refs, buffers=False) as txn:
-            return list(map(txn.get, keys))
+            get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
+            return list(map(get, keys))
 
     def ref_get_prefixed(self, prefix: str, ids: Sequence[bytes]) -> list[bytes | None]:
         # docstring inherited
@@ -326,7 +341,8 @@ class LMDBBackend(Backend):
         # transaction, values as bytes (see ref_get_many)
         keys = list(map(prefix.encode().__add__, map(hexlify, ids)))
         with self._read(self._refs, buffers=False) as txn:
-            return list(map(txn.get, keys))
+            get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
+            return list(map(get, keys))
 
     def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
         # docstring inherited
@@ -366,8 +382,8 @@ class LMDBBackend(Backend):
             cur = txn.cursor(self._refs)
             out = []
             if cur.set_range(start):
-                for key, value in cur:
-                    key = bytes(key)
+                for view, value in cur:
+                    key = bytes(view)
                     if not key.startswith(start):
                         break
                     out.append((key.decode(), bytes(value)))
@@ -380,8 +396,8 @@ class LMDBBackend(Backend):
         with self._read() as txn:
             cur = txn.cursor(self._reflog)
             if cur.set_range(head):
-                for key, value in cur:
-                    key = bytes(key)
+                for view, value in cur:
+                    key = bytes(view)
                     if not key.startswith(head):
                         break
                     if len(key) == len(head) + 8:

@@ -116,7 +116,7 @@ class PackFiles:
     def _read_whole(self, idx: PackIndex) -> bytes | None:
         """All of pack ``idx``'s bytes; None when it is gone (rewritten meanwhile)."""
         path = self.index.pack_path(idx.name, "pack")
-        data = self.remote.cat_ranges([(path, 0, idx.pack_size)])[0]
+        data: bytes | BaseException = self.remote.cat_ranges([(path, 0, idx.pack_size)])[0]
         if isinstance(data, FileNotFoundError):
             return None
         if isinstance(data, BaseException):

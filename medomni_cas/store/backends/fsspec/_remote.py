@@ -23,10 +23,11 @@ True`` on its class. Without them the same calls run as plain writes.
 from __future__ import annotations
 
 import asyncio
+import builtins  # in Remote below `list` is its method: annotations say builtins.list
 import contextlib
 import errno
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -109,6 +110,13 @@ class Remote:
         """The full path of ``parts`` under the root."""
         return "/".join((self.root, *parts)) if self.root else "/".join(parts)
 
+    def _run[**P, T](
+        self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``fn(*args, **kwargs)`` run to its end on the filesystem's loop."""
+        result: T = sync(self.fs.loop, fn, *args, **kwargs)  # fsspec is untyped: fn's result
+        return result
+
     # -- reading ---------------------------------------------------------------------------
     def gather(self, coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
         """Run coroutines on the filesystem's loop, `CONCURRENCY` at a time; exceptions are
@@ -123,14 +131,15 @@ class Remote:
 
             return await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
 
-        return sync(self.fs.loop, run)
+        return self._run(run)
 
     def cat(self, path: str) -> bytes | None:
         """The bytes of one file, or None when it is absent."""
         try:
-            return self.fs.cat_file(path, **self._cat_kw)
+            data: bytes = self.fs.cat_file(path, **self._cat_kw)
         except FileNotFoundError:
             return None
+        return data
 
     def cat_whole(self, paths: list[str]) -> list[Any]:
         """The bytes of each file, or the exception raised (FileNotFoundError if absent)."""
@@ -160,10 +169,10 @@ class Remote:
     def list(self, path: str) -> dict[str, dict[str, Any]]:
         """Every file below ``path`` (recursively): full path -> info with a write time."""
         if self.is_s3:
-            return sync(self.fs.loop, self._s3_list_pages, path, None)[0]
+            return self._run(self._s3_list_pages, path, None)[0]
         self.fs.invalidate_cache(path)
         try:
-            found = self.fs.find(path, detail=True)
+            found: dict[str, dict[str, Any]] = self.fs.find(path, detail=True)
         except FileNotFoundError:
             return {}
         return dict(sorted(found.items()))
@@ -173,7 +182,7 @@ class Remote:
         None where a listing has no cheap first page (not s3)."""
         if not self.is_s3:
             return None
-        return sync(self.fs.loop, self._s3_list_pages, path, 1)
+        return self._run(self._s3_list_pages, path, 1)
 
     async def _s3_list_pages(
         self, path: str, pages: int | None
@@ -199,11 +208,11 @@ class Remote:
         """Up to this many files, `mtimes` (a request per file) beats a listing."""
         return _S3_PAGE if self.is_s3 else PER_KEY_LIMIT
 
-    def mtimes(self, paths: list[str]) -> list[float | None]:
+    def mtimes(self, paths: builtins.list[str]) -> builtins.list[float | None]:
         """The write time of each file, None where it is absent: a request per file."""
         if self.is_s3:
-            return sync(self.fs.loop, self._s3_head_all, paths)
-        out: list[float | None] = []
+            return self._run(self._s3_head_all, paths)
+        out: builtins.list[float | None] = []
         for path in paths:
             try:
                 out.append(mtime(self.fs.info(path)))
@@ -211,7 +220,7 @@ class Remote:
                 out.append(None)
         return out
 
-    async def _s3_head_all(self, paths: list[str]) -> list[float | None]:
+    async def _s3_head_all(self, paths: builtins.list[str]) -> builtins.list[float | None]:
         gate = asyncio.Semaphore(CONCURRENCY)
 
         async def head(path: str) -> float | None:
@@ -221,11 +230,12 @@ class Remote:
                     resp = await self.fs._call_s3("head_object", Bucket=bucket, Key=key)
             except FileNotFoundError:
                 return None
-            return resp["LastModified"].timestamp()
+            stamp: float = resp["LastModified"].timestamp()  # a datetime (aiobotocore: untyped)
+            return stamp
 
         return list(await asyncio.gather(*(head(p) for p in paths)))
 
-    def child_names(self, path: str) -> list[str]:
+    def child_names(self, path: str) -> builtins.list[str]:
         """The names of the entries directly below ``path`` (empty when there is none)."""
         self.fs.invalidate_cache(path)
         try:
@@ -239,7 +249,9 @@ class Remote:
         """Write one file whole (unconditionally)."""
         self.fs.pipe_file(path, data)
 
-    def pipe_many(self, items: list[tuple[str, bytes]], *, create: bool = False) -> list[bool]:
+    def pipe_many(
+        self, items: builtins.list[tuple[str, bytes]], *, create: bool = False
+    ) -> builtins.list[bool]:
         """Write each ``(path, bytes)``; with ``create``, only where absent (False: it was
         there). Any other failure raises, naming the file."""
         if not items:
@@ -266,7 +278,7 @@ class Remote:
             out.append(True)
         return out
 
-    def rm(self, paths: list[str]) -> None:
+    def rm(self, paths: builtins.list[str]) -> None:
         """Remove the files that exist of ``paths``."""
         if not paths:
             return
@@ -314,7 +326,7 @@ class Remote:
         if not self.conditional_writes:
             return self.cat(path), None
         if self.is_s3:
-            return sync(self.fs.loop, self._s3_get_versioned, path)
+            return self._run(self._s3_get_versioned, path)
         for _ in range(_VERSION_ROUNDS):
             try:
                 etag = self.fs.info(path)["ETag"]
@@ -325,11 +337,11 @@ class Remote:
                 return None, None
         raise OSError(f"{path}: changes too fast to read a consistent version")
 
-    def read_versioned_many(self, paths: list[str]) -> list[Any]:
+    def read_versioned_many(self, paths: builtins.list[str]) -> builtins.list[Any]:
         """`read_versioned` of each path (concurrently on s3), or the exception raised."""
         if self.is_s3 and self.conditional_writes:
             return self.gather([self._s3_get_versioned(p) for p in paths])
-        out: list[Any] = []
+        out: builtins.list[Any] = []
         for p in paths:
             try:
                 out.append(self.read_versioned(p))
