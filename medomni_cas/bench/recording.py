@@ -136,6 +136,8 @@ def record_trial(
         repetition=job.repetition,
         runner=job.runner,
         outcome=outcome,
+        environment=trial.environment,
+        isolation=trial.isolation,
         served_model=trial.served_model,
         cost_usd=trial.cost_usd,
         tokens_in=trial.tokens_in,

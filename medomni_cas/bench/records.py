@@ -27,6 +27,7 @@ from medomni_cas.store.ids import ObjectId, hash_bytes, id_from_digest
 
 __all__ = [
     "AGENT_OUTCOMES",
+    "ENCODERS_UNMET",
     "OUTCOMES",
     "AgentBlock",
     "AgentConfig",
@@ -48,13 +49,17 @@ __all__ = [
     "slot_ids",
 ]
 
-#: How a run ended. The first four are the agent's own outcome: the slot is done. An
-#: ``infra-error`` (the environment never started, the model endpoint failed, the engine
-#: died) is kept, and its slot is run again on resume, up to the user's limit. Stored as
-#: the plain string.
-Outcome = Literal["answered", "malformed", "agent-failed", "timeout", "infra-error"]
+#: How a run ended. All but the last are the agent's own outcome: the slot is done. An
+#: ``over-limit`` run went past its agent config's token, cost or time limit (whatever it
+#: answered is not scored). An ``infra-error`` (the environment never started, the model
+#: endpoint failed, the engine died) is kept, and its slot is run again on resume, up to the
+#: user's limit. Stored as the plain string.
+Outcome = Literal["answered", "malformed", "agent-failed", "timeout", "over-limit", "infra-error"]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
-AGENT_OUTCOMES: tuple[Outcome, ...] = OUTCOMES[:4]
+AGENT_OUTCOMES: tuple[Outcome, ...] = OUTCOMES[:-1]
+#: What a slot counts as in a score when its final run gave no scored answer: its outcome,
+#: or this when it answered on an arm that requires the perception service without calling it.
+ENCODERS_UNMET = "encoders-unmet"
 
 
 class Limits(Part, frozen=True, kw_only=True):
@@ -203,6 +208,12 @@ class RunRecord(Record, frozen=True, kw_only=True):
     repetition: int
     runner: str
     outcome: Outcome
+    #: Where the agent ran ("local", or the runner's environment: "docker", "daytona"...) and
+    #: what kept it from the store, the answers and other trials: "none" (it ran as you),
+    #: "namespaces" (its own user, mount, pid and network namespaces), "container" (a
+    #: container with no network but the perception service). Empty in runs recorded before.
+    environment: str = ""
+    isolation: str = ""
     served_model: str = ""
     cost_usd: float | None = None
     tokens_in: int | None = None
@@ -326,6 +337,18 @@ class ScoreRow(Part, frozen=True, kw_only=True):
     config: str  # the config hash (hex) the rows were built under
     config_flag: str = ""  # set when one table mixes config hashes
     attempts: int = 0  # runs recorded for the scored slots (more than n: infra retries)
+    # Coverage (scorer 1.1.0 on): the row's slots by what their final run gave. ``expected``
+    # = ``answered`` + sum(``unanswered``) + ``never_run``; ``unanswered`` counts by outcome
+    # (or `ENCODERS_UNMET`). A row with a slot never run is ``partial``.
+    task_set: str = ""  # hex: the task set hash the row was scored on
+    expected: int = 0
+    answered: int = 0
+    unanswered: dict[str, int] = {}
+    never_run: int = 0
+    partial: bool = False
+    runner: str = ""  # the runs' runner, or "mixed: a, b"
+    isolation: str = ""  # the runs' isolation, or "mixed: none, container"
+    run_flag: str = ""  # set when the row's runs, or rows of one pair and arm, mix them
 
 
 class Result(Record, frozen=True, kw_only=True):
@@ -344,3 +367,6 @@ class Result(Record, frozen=True, kw_only=True):
     rows: tuple[ScoreRow, ...]
     table: ObjectId  # blob: the rows as Parquet
     answer_columns: tuple[ObjectId, ...] = ()  # the `AnswerColumns` scored against
+    #: Set when some expected slot had no final run and the user allowed it
+    #: (``--allow-partial``): the rows say which.
+    partial: bool = False

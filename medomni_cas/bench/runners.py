@@ -97,6 +97,8 @@ class Trial:
     encoder_calls: list[EncoderCall] = field(default_factory=list)
     encoders_served: list[EncoderServed] = field(default_factory=list)
     files_opened: list[str] = field(default_factory=list)
+    environment: str = ""  # where it ran (see `RunRecord.environment`)
+    isolation: str = "none"  # what kept the agent apart (see `RunRecord.isolation`)
 
 
 class Runner(ABC):

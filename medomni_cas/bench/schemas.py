@@ -64,6 +64,11 @@ _SCORE_TYPES = {
     "n": pa.int64(),
     "n_missing": pa.int64(),
     "attempts": pa.int64(),
+    "expected": pa.int64(),
+    "answered": pa.int64(),
+    "unanswered": pa.map_(_S, pa.int64()),  # outcome -> slots
+    "never_run": pa.int64(),
+    "partial": pa.bool_(),
 }
 #: A result's rows (`ScoreRow`, field for field), as its Parquet blob holds them.
 SCORE_SCHEMA = pa.schema([(f, _SCORE_TYPES.get(f, _S)) for f in ScoreRow.__struct_fields__])

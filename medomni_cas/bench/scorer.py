@@ -52,9 +52,12 @@ __all__ = [
     "SCORER",
     "SCORER_VERSION",
     "ScoreError",
+    "Derived",
     "Scored",
+    "derive",
     "jobs_of",
     "prediction_table",
+    "rows_table",
     "score_jobs",
     "write_results",
 ]
@@ -192,15 +195,28 @@ class Scored:
     table: pa.Table
 
 
-def score_jobs(
+@dataclass(frozen=True)
+class Derived:
+    """A score as the scorer computes it from jobs, before anything is stored: what
+    `score_jobs` stores as a `Result`, and what ``audit verify`` computes again to compare."""
+
+    task_set: ObjectId
+    set_build: ObjectId
+    rows: tuple[ScoreRow, ...]
+    answer_keys: tuple[ObjectId, ...]
+    answer_columns: tuple[ObjectId, ...]
+
+
+def derive(
     store: Store,
     jobs: Sequence[ObjectId],
     *,
     n_boot: int = 1000,
     seed: int = 0,
-    set_name: str | None = None,
-) -> Scored:
-    """Score ``jobs`` (all of one task set) into a stored `Result`."""
+    scorer_version: str = SCORER_VERSION,
+) -> Derived:
+    """Score ``jobs`` (all of one task set) without storing a result (the answer columns it
+    needs are made and kept, as they are derived objects)."""
     if not jobs:
         raise ScoreError("no jobs to score: run the set first (`medomni bench run`)")
     records = [store.get(j, JobRecord) for j in jobs]
@@ -222,22 +238,41 @@ def score_jobs(
         preds = _predictions(store, job, answers[arm])
         rows += _rows(answers[arm], preds, names[job.agent_config], job, n_boot, seed)
     rows = sorted(_flag(rows), key=lambda r: (r.agent, r.arm, r.arm_variant, r.pair, r.target))
-    table = _rows_table(rows)
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
     answer_keys = dict.fromkeys(k for a in answers.values() for k in a.record.answer_keys)
-    result = Result(
+    return Derived(
         task_set=records[0].task_set,
         set_build=records[-1].set_build,
-        jobs=tuple(jobs),
+        rows=tuple(rows),
         answer_keys=tuple(answer_keys),
+        answer_columns=tuple(a.id for a in answers.values()),
+    )
+
+
+def score_jobs(
+    store: Store,
+    jobs: Sequence[ObjectId],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    set_name: str | None = None,
+) -> Scored:
+    """Score ``jobs`` (all of one task set) into a stored `Result`."""
+    d = derive(store, jobs, n_boot=n_boot, seed=seed)
+    table = rows_table(d.rows)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    result = Result(
+        task_set=d.task_set,
+        set_build=d.set_build,
+        jobs=tuple(jobs),
+        answer_keys=d.answer_keys,
         scorer=SCORER,
         scorer_version=SCORER_VERSION,
         n_boot=n_boot,
         seed=seed,
-        rows=tuple(rows),
+        rows=d.rows,
         table=store.put_blob(sink.getvalue()),
-        answer_columns=tuple(a.id for a in answers.values()),
+        answer_columns=d.answer_columns,
     )
     rid = store.put(result)
     if set_name is not None:
@@ -337,7 +372,8 @@ def _flag(rows: list[ScoreRow]) -> list[ScoreRow]:
     return out
 
 
-def _rows_table(rows: list[ScoreRow]) -> pa.Table:
+def rows_table(rows: Sequence[ScoreRow]) -> pa.Table:
+    """A result's rows as the table its Parquet blob holds (`SCORE_SCHEMA`)."""
     data = {f: [getattr(r, f) for r in rows] for f in SCORE_SCHEMA.names}
     return pa.table(data, schema=SCORE_SCHEMA)
 
