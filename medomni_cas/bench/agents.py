@@ -10,6 +10,7 @@
       scaffold: baseline        # what drives the model; a runner must know it
       served_model: none        # what the provider must report back; else the run is an error
       limits: {time_sec: 600, tokens: 100000, cost_usd: 1.0}
+      env: [OPENAI_API_KEY]     # variables passed from your environment (no others are)
       command: [python, -m, medomni_cas.bench.baseline]   # scaffold options, passed through
 
 Errors name the file, line and field, as Studio's files do.
@@ -17,6 +18,7 @@ Errors name the file, line and field, as Studio's files do.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from medomni_cas.studio.specfile import load_yaml
 __all__ = ["AgentFile", "UnknownAgent", "agent_record", "find_agent", "load_agent"]
 
 KINDS = ("agent",)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ROUTES = ("local", "cloud")
 
 
@@ -59,9 +62,9 @@ class LimitsSpec(Spec, frozen=True, kw_only=True):
 class Settings(Spec, frozen=True, kw_only=True, forbid_unknown_fields=False):
     """The scaffold, the model name to check, the limits; other keys are the scaffold's.
 
-    Keys other than these three are passed through to the runner as the scaffold's options
-    (``command`` for the process runner, ``source`` for replay) and are part of the agent
-    config's id.
+    Keys other than scaffold, served_model and limits are passed through to the runner as
+    the scaffold's options (``command`` for the process runner, ``source`` for replay,
+    ``env``) and are part of the agent config's id.
 
     Fields:
         scaffold: What drives the model; the runner must know it (``process``, ``replay``, a
@@ -69,11 +72,20 @@ class Settings(Spec, frozen=True, kw_only=True, forbid_unknown_fields=False):
         served_model: The model name the provider must report back; a run whose served model
             differs is an error.
         limits: Time, token and cost limits per atom task.
+        env: Names of environment variables the agent gets from the harness's environment
+            (an API key, say); the agent gets no other variable of it. A name that is not
+            set when the set runs fails the check.
     """
 
     scaffold: str
     served_model: str
     limits: LimitsSpec = LimitsSpec()
+    env: tuple[str, ...] = ()
+
+    def problems(self) -> Problems:
+        for i, name in enumerate(self.env):
+            if not _ENV_NAME.fullmatch(name):
+                yield f"env[{i}]", f"not an environment variable name: {name!r}"
 
 
 class AgentFile(Spec, frozen=True, kw_only=True):

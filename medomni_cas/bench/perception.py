@@ -27,6 +27,11 @@ Endpoints::
                         413 body too large, 422 the encoder cannot use the input,
                         429 budget spent, 500 the encoder failed
 
+One server can serve many atom tasks' gateways at once (the process runner's): a `Tokens`
+router hands a request to the gateway of the trial whose token its path carries,
+``MEDOMNI_PERCEPTION_URL=http://127.0.0.1:<port>/t/<token>``, and refuses one without a
+token (401) or with a token no running trial holds (403), crediting it to no trial.
+
 Run it as a sidecar with ``python -m medomni_cas.bench.perception --evidence DIR ...``. The
 web stack (starlette, uvicorn) is the ``bench`` extra: this module imports without it, and
 making a gateway without it says what to install.
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import secrets
 import sys
 import threading
 import time
@@ -61,6 +67,7 @@ __all__ = [
     "DEFAULT_PORT",
     "EncoderCall",
     "Gateway",
+    "Tokens",
     "main",
     "meets_arm",
     "read_call_log",
@@ -363,6 +370,57 @@ class Gateway:
                 # one write per call, flushed on close: a reader never sees half a line
                 with self.log_path.open("ab") as f:
                     f.write(msgspec.json.encode(call) + b"\n")
+
+
+class Tokens:
+    """An ASGI app routing ``/t/<token>/...`` to the gateway the token was issued for.
+
+    `issue` gives a trial's gateway a fresh unguessable token; `revoke` ends it, so a
+    process the trial left behind (or any other) gets 403 and is credited to no trial.
+    ``/health`` needs no token (`serve` polls it). ``refused`` counts the refusals.
+    """
+
+    PREFIX = "/t/"
+
+    def __init__(self) -> None:
+        self._gateways: dict[str, _Servable] = {}
+        self.refused = 0
+
+    @property
+    def app(self) -> Tokens:  # `serve` takes anything with an ASGI ``app``
+        return self
+
+    def issue(self, gateway: _Servable) -> str:
+        token = secrets.token_hex(16)
+        self._gateways[token] = gateway
+        return token
+
+    def revoke(self, token: str) -> None:
+        self._gateways.pop(token, None)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            return  # no websockets; lifespan is off
+        from starlette.responses import JSONResponse
+
+        path: str = scope.get("path", "")
+        if path == "/health":
+            await JSONResponse({"ok": True})(scope, receive, send)
+            return
+        token, rest = "", ""
+        if path.startswith(self.PREFIX):
+            token, _, rest = path[len(self.PREFIX) :].partition("/")
+        gateway = self._gateways.get(token) if token else None
+        if gateway is None:
+            self.refused += 1
+            if not token:
+                error, status = "no trial token: use the URL in MEDOMNI_PERCEPTION_URL", 401
+            else:
+                error, status = "this token's atom task is not running", 403
+            await JSONResponse({"error": error}, status)(scope, receive, send)
+            return
+        inner = dict(scope, path="/" + rest, raw_path=("/" + rest).encode())
+        await gateway.app(inner, receive, send)
 
 
 def _registry() -> dict[str, Encoder]:

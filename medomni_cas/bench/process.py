@@ -1,44 +1,68 @@
 """The ``process`` runner: an agent command as a subprocess, for writing agents without Docker.
 
-Each trial gets a fresh scratch folder holding the atom task's files and nothing else (see
-`medomni_cas.bench.staging`), the time limit, and, when the arm attaches it, a perception
-gateway of its own on loopback. The agent finds everything in its environment::
+Each trial gets a private scratch folder (`medomni_cas.bench.scratch`: mode 0700, an
+unguessable name under the runs folder's ``.scratch/``) holding the atom task's files and
+nothing else (see `medomni_cas.bench.staging`), the time limit, and, when the arm attaches
+it, a perception gateway of its own on loopback. The agent finds everything in its
+environment::
 
-    MEDOMNI_WORKSPACE       the scratch folder (it stands for /workspace), also the cwd
+    MEDOMNI_WORKSPACE       the task's folder (it stands for /workspace), also the cwd
     MEDOMNI_INSTRUCTION     instruction.md in it
     MEDOMNI_SUBMISSION      where to write the answer
-    MEDOMNI_PERCEPTION_URL  the gateway (only on arms that attach it)
+    MEDOMNI_PERCEPTION_URL  the gateway, with this trial's token (only on arms that attach it)
     MEDOMNI_RUN_INFO        where the agent may write what its provider reported, as JSON:
                             {"served_model", "tokens_in", "tokens_out", "cost_usd"}; without
                             it the run records the config's served model and no usage
 
-This runner does not isolate anything: the agent runs as you, with your network and your
-files. Isolation (a container with no network but the perception service) is the Harbor
-runner's job; use this one for agents you wrote, and for tests.
+Isolation
+---------
+* The environment is built from an allowlist, never the harness's own: PATH, HOME, LANG,
+  TMPDIR (the trial's private tmp folder), the harness's ``MEDOMNI_*`` variables, the
+  variables the agent config names (``settings.env``; one that is unset fails the check),
+  and PYTHONPATH when the command is ``python`` (this interpreter, with its packages).
+* The agent runs under `medomni_cas.bench.sandbox`, in a session of its own; when it exits
+  (or its time is up) every process it started is killed, even one that left the session.
+* ``isolation=namespaces`` (the default ``auto`` picks it where Linux allows user and mount
+  namespaces): the store, the studio and runs folders and other trials' folders are not
+  visible to the agent, nor are the harness's processes (a fresh /proc). Else ``none``:
+  the agent runs as you and sees your files; the run records say which.
+* A gateway call counts only for the trial whose token made it; a call without a token, or
+  with one of a trial that ended, is refused.
+
+The network is not closed: isolation from the network is the Harbor runner's job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+from medomni_cas.bench import sandbox
 from medomni_cas.bench._inotify import OpenWatcher
 from medomni_cas.bench.records import EncoderServed, Outcome
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
+from medomni_cas.bench.scratch import SCRATCH_FOLDER, Scratch
 from medomni_cas.bench.staging import RESERVED, stage_atom
 
-__all__ = ["ProcessRunner", "now_iso"]
+__all__ = ["ISOLATIONS", "ProcessRunner", "agent_env", "namespaces_available", "now_iso"]
 
 _LOG_LIMIT = 1 << 20  # keep the last MiB of each stream
+_GRACE_SEC = 10.0  # after SIGTERM at a timeout, before SIGKILL
+ISOLATIONS = ("auto", "namespaces", "none")
+_ALLOWED = ("PATH", "HOME", "LANG")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SANDBOX = str(Path(sandbox.__file__).resolve())
+_probed: dict[str, str] = {}
 
 
 def now_iso() -> str:
@@ -56,172 +80,332 @@ def _command(job: Job) -> list[str]:
     return [sys.executable if cmd[0] in ("python", "python3") else cmd[0], *cmd[1:]]
 
 
-class _Current:
-    """An ASGI app that hands each request to the gateway of the trial running now."""
+def _named(job: Job) -> list[str]:
+    names = job.agent.options.get("env") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise RunnerError(f"agent config {job.agent.name}: settings.env must be a list of names")
+    return names
 
-    def __init__(self) -> None:
-        self.gateway: Any = None
 
-    @property
-    def app(self) -> _Current:  # `serve` takes anything with an ASGI ``app``
-        return self
+def agent_env(job: Job, cmd: Sequence[str], own: dict[str, str]) -> dict[str, str]:
+    """The agent's environment: the allowlist (module docstring), then the runner's ``own``."""
+    env = {k: os.environ[k] for k in _ALLOWED if k in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("MEDOMNI_")})
+    if cmd[0] == sys.executable and "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env.update({k: os.environ[k] for k in _named(job)})  # `check` made sure they are set
+    env.update(own)
+    return env
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        gateway = self.gateway
-        if gateway is None:
-            if scope.get("type") == "http":
-                from starlette.responses import JSONResponse
 
-                if scope.get("path") == "/health":
-                    await JSONResponse({"ok": True})(scope, receive, send)
-                else:
-                    await JSONResponse({"error": "no atom task is running"}, 503)(
-                        scope, receive, send
-                    )
-            return
-        await gateway.app(scope, receive, send)
+def namespaces_available() -> str:
+    """Why the sandbox cannot use namespaces here ("" when it can); probed once a process."""
+    if sys.executable not in _probed:
+        if not sys.platform.startswith("linux"):
+            _probed[sys.executable] = "namespaces are Linux's"
+        else:
+            done = subprocess.run(
+                [sys.executable, "-I", "-S", _SANDBOX, "--probe"],
+                capture_output=True,
+                text=True,
+                env={},
+            )
+            why = done.stderr.strip().removeprefix("medomni-sandbox: ") or "probe failed"
+            _probed[sys.executable] = "" if done.returncode == 0 else why
+    return _probed[sys.executable]
+
+
+def _local_paths(store: Any) -> list[Path]:
+    """The local folders of a store's backends (an LMDB or directory store, a cache)."""
+    out: list[Path] = []
+    todo = [getattr(store, "backend", None)]
+    while todo:
+        b = todo.pop()
+        if b is None:
+            continue
+        path = getattr(b, "path", None)
+        if isinstance(path, str | Path):
+            out.append(Path(path))
+        todo += [getattr(b, "local", None), getattr(b, "remote", None)]
+    return out
 
 
 class ProcessRunner(Runner):
     name: ClassVar[str] = "process"
-    description: ClassVar[str] = "an agent command as a subprocess (no isolation)"
+    description: ClassVar[str] = (
+        "an agent command as a subprocess (namespaces where Linux allows them, else none)"
+    )
     isolated: ClassVar[bool] = False
 
     def __init__(
-        self, *, scratch: str | os.PathLike[str] | None = None, keep: bool | str = False
+        self,
+        *,
+        scratch: str | os.PathLike[str] | None = None,
+        keep: bool | str = False,
+        isolation: str = "auto",
     ) -> None:
         self.scratch = Path(scratch) if scratch is not None else None
         # options may come as text from the command line (--runner-option keep=1)
         self.keep = keep if isinstance(keep, bool) else keep.lower() in ("1", "true", "yes")
+        if isolation not in ISOLATIONS:
+            raise RunnerError(
+                f"process runner: isolation={isolation!r}; want one of {', '.join(ISOLATIONS)}"
+            )
+        self.isolation = isolation
+
+    def _isolation(self) -> str:
+        if self.isolation == "none":
+            return "none"
+        return "namespaces" if not namespaces_available() else "none"
 
     def check(self, job: Job) -> list[str]:
         try:
             cmd = _command(job)
+            named = _named(job)
         except RunnerError as e:
             return [str(e)]
+        problems = []
         if shutil.which(cmd[0]) is None and not Path(cmd[0]).is_file():
-            return [f"agent config {job.agent.name}: command {cmd[0]!r} not found"]
+            problems.append(f"agent config {job.agent.name}: command {cmd[0]!r} not found")
+        for n in named:
+            if not _NAME.fullmatch(n):
+                problems.append(f"agent config {job.agent.name}: settings.env: {n!r} is no name")
+            elif n not in os.environ:
+                problems.append(
+                    f"agent config {job.agent.name}: settings.env names {n}, which is not set"
+                )
+        if self.isolation == "namespaces" and (why := namespaces_available()):
+            problems.append(f"process runner: isolation=namespaces is not available here: {why}")
         if job.encoders != "none":
             from medomni_cas.bench.encoders import encoders
 
             if not encoders():
-                return ["the perception service has no encoders to serve"]
-        return []
+                problems.append("the perception service has no encoders to serve")
+        return problems
+
+    def _scratch_root(self, job: Job) -> Path:
+        if self.scratch is not None:
+            return self.scratch
+        if job.scratch is not None:
+            return job.scratch
+        return job.folder.parent / SCRATCH_FOLDER  # the runs folder's
 
     def run(self, job: Job) -> Iterator[Trial]:
         cmd = _command(job)
+        isolation = self._isolation()
         with contextlib.ExitStack() as stack:
+            scratch = stack.enter_context(Scratch(self._scratch_root(job), keep=self.keep))
+            hide = [*_local_paths(job.store), *job.private, job.folder, scratch.root]
+            tokens = None
             if job.encoders != "none":
-                # one server for the job, one gateway (budget, filter, log) per atom task
-                from medomni_cas.bench.perception import serve
+                # one server for the job, one gateway (budget, filter, log) per atom task,
+                # reached only with that task's token
+                from medomni_cas.bench.perception import Tokens, serve
 
-                self._current = _Current()
-                self._url = stack.enter_context(serve(self._current, host="127.0.0.1", port=0))
+                tokens = Tokens()
+                url = stack.enter_context(serve(tokens, host="127.0.0.1", port=0))
             for spec in job.trials:
-                yield self._trial(job, spec, cmd)
+                folder = scratch.trial()
+                try:
+                    run = _Run(job, spec, cmd, folder, isolation, hide)
+                    trial = run.go(tokens, url if tokens is not None else "")
+                    yield trial  # the harness records it before we get here again
+                finally:
+                    scratch.remove(folder)
 
+    # kept for runners built on this one (tests, wrappers): one trial in a folder of its own
     def _trial(self, job: Job, spec: TrialSpec, cmd: Sequence[str]) -> Trial:
+        with Scratch(self._scratch_root(job), keep=self.keep) as scratch:
+            folder = scratch.trial()
+            hide = [*_local_paths(job.store), *job.private, job.folder, scratch.root]
+            if job.encoders == "none":
+                return _Run(job, spec, cmd, folder, self._isolation(), hide).go(None, "")
+            from medomni_cas.bench.perception import Tokens, serve
+
+            tokens = Tokens()
+            with serve(tokens, host="127.0.0.1", port=0) as url:
+                return _Run(job, spec, cmd, folder, self._isolation(), hide).go(tokens, url)
+
+
+class _Run:
+    """One trial in its folder: stage, launch under the sandbox, collect."""
+
+    def __init__(
+        self,
+        job: Job,
+        spec: TrialSpec,
+        cmd: Sequence[str],
+        folder: Path,
+        isolation: str,
+        hide: Sequence[Path],
+    ) -> None:
+        self.job, self.spec, self.cmd, self.folder = job, spec, cmd, folder
+        self.isolation, self.hide = isolation, hide
+        # what the agent may see is agent/; the logs and the sandbox's status sit beside it
+        self.agent = folder / "agent"
+        self.work = self.agent / "workspace"
+        self.tmp = self.agent / "tmp"
+        self.run_info = self.agent / "run_info.json"
+
+    def go(self, tokens: Any, url: str) -> Trial:
+        job, spec = self.job, self.spec
         started, t0 = now_iso(), time.monotonic()
-        base = tempfile.mkdtemp(prefix="medomni-trial-", dir=self.scratch)
-        work = Path(base) / "workspace"
         try:
-            try:
-                answer_path = stage_atom(job.store, spec.atom, spec.format_check, work)
-            except Exception as e:  # the task could not be staged: not the agent's doing
-                return self._infra(spec, started, t0, f"staging failed: {e}")
-            limit = spec.atom.environment.agent_timeout_sec
-            if job.agent.limits.time_sec:
-                limit = min(limit, job.agent.limits.time_sec)
-            env = {
-                **os.environ,
-                "MEDOMNI_WORKSPACE": str(work),
-                "MEDOMNI_INSTRUCTION": str(work / "instruction.md"),
-                "MEDOMNI_SUBMISSION": str(answer_path),
-                "MEDOMNI_RUN_INFO": str(Path(base) / "run_info.json"),
-            }
-            gateway = None
-            if job.encoders != "none":
-                from medomni_cas.bench.perception import Gateway
+            self.agent.mkdir(mode=0o700)
+            answer_path = stage_atom(job.store, spec.atom, spec.format_check, self.work)
+            self.tmp.mkdir(mode=0o700)
+        except Exception as e:  # the task could not be staged: not the agent's doing
+            return _infra(spec, started, t0, f"staging failed: {e}")
+        limit = spec.atom.environment.agent_timeout_sec
+        if job.agent.limits.time_sec:
+            limit = min(limit, job.agent.limits.time_sec)
+        own = {
+            "TMPDIR": str(self.tmp),
+            "MEDOMNI_WORKSPACE": str(self.work),
+            "MEDOMNI_INSTRUCTION": str(self.work / "instruction.md"),
+            "MEDOMNI_SUBMISSION": str(answer_path),
+            "MEDOMNI_RUN_INFO": str(self.run_info),
+        }
+        gateway, token = None, ""
+        if tokens is not None:
+            from medomni_cas.bench.perception import Gateway
 
-                gateway = Gateway(
-                    work, spec.atom.families, budget=job.budget, atom=spec.atom_id.hex()
-                )
-                self._current.gateway = gateway
-                env["MEDOMNI_PERCEPTION_URL"] = self._url
-            try:
-                with OpenWatcher(work, ignore=RESERVED) as watcher:
-                    outcome, errors, out, err = self._exec(cmd, work, env, limit)
-                    opened = watcher.opened()
-            finally:
-                if gateway is not None:
-                    self._current.gateway = None
-            trial = Trial(
-                slot=spec.slot,
-                attempt=spec.attempt,
-                outcome=outcome,
-                started=started,
-                finished=now_iso(),
-                elapsed_ms=int((time.monotonic() - t0) * 1000),
-                served_model=job.agent.served_model,  # a subprocess reports no model of its own
-                errors=errors,
-                logs={"stdout.txt": out[-_LOG_LIMIT:], "stderr.txt": err[-_LOG_LIMIT:]},
-                files_opened=[f for f in opened if f != answer_path.name],
+            gateway = Gateway(
+                self.work, spec.atom.families, budget=job.budget, atom=spec.atom_id.hex()
             )
-            _read_run_info(Path(base) / "run_info.json", trial)
-            if answer_path.is_file():
-                trial.answer = answer_path.read_bytes()
-            elif outcome == "answered":
-                trial.outcome = "agent-failed"
-                trial.errors.append(f"no answer at {spec.atom.submission_path}")
-            if gateway is not None:
-                trial.encoder_calls = list(gateway.calls)
-                trial.encoders_served = [
-                    EncoderServed(name=e["name"], version=e["version"], digest=e["digest"])
-                    for e in gateway.encoders_served()
-                ]
-            return trial
+            token = tokens.issue(gateway)
+            own["MEDOMNI_PERCEPTION_URL"] = f"{url}{tokens.PREFIX}{token}"
+        env = agent_env(job, self.cmd, own)
+        try:
+            with OpenWatcher(self.work, ignore=RESERVED) as watcher:
+                outcome, errors, out, err = self._exec(env, limit)
+                opened = watcher.opened()
         finally:
-            if not self.keep:
-                shutil.rmtree(base, ignore_errors=True)
-
-    @staticmethod
-    def _exec(
-        cmd: Sequence[str], work: Path, env: dict[str, str], limit: int
-    ) -> tuple[Outcome, list[str], bytes, bytes]:
-        try:
-            proc = subprocess.Popen(
-                list(cmd),
-                cwd=work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # a timeout kills the agent's children too
-            )
-        except OSError as e:
-            return "infra-error", [f"could not start {cmd[0]}: {e}"], b"", b""
-        try:
-            out, err = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            out, err = proc.communicate()
-            return "timeout", [f"no answer within {limit} s"], out, err
-        if proc.returncode != 0:
-            return "agent-failed", [f"exit status {proc.returncode}"], out, err
-        return "answered", [], out, err
-
-    @staticmethod
-    def _infra(spec: TrialSpec, started: str, t0: float, error: str) -> Trial:
-        return Trial(
+            if tokens is not None:
+                tokens.revoke(token)  # whatever it left running can call no more
+        trial = Trial(
             slot=spec.slot,
             attempt=spec.attempt,
-            outcome="infra-error",
+            outcome=outcome,
             started=started,
             finished=now_iso(),
             elapsed_ms=int((time.monotonic() - t0) * 1000),
-            errors=[error],
+            served_model=job.agent.served_model,  # a subprocess reports no model of its own
+            errors=errors,
+            logs={"stdout.txt": out, "stderr.txt": err},
+            files_opened=[f for f in opened if f != answer_path.name],
+            environment="local",
+            isolation=self.isolation,
         )
+        _read_run_info(self.run_info, trial)
+        if outcome == "infra-error":
+            return trial
+        if answer_path.is_file():
+            trial.answer = answer_path.read_bytes()
+        elif outcome == "answered":
+            trial.outcome = "agent-failed"
+            trial.errors.append(f"no answer at {spec.atom.submission_path}")
+        if gateway is not None:
+            trial.encoder_calls = list(gateway.calls)
+            trial.encoders_served = [
+                EncoderServed(name=e["name"], version=e["version"], digest=e["digest"])
+                for e in gateway.encoders_served()
+            ]
+        return trial
+
+    def _launcher(self, status: Path) -> list[str]:
+        argv = [sys.executable, "-I", "-S", _SANDBOX, "--isolation", self.isolation]
+        argv += ["--status", str(status), "--parent", str(os.getpid())]
+        if self.isolation == "namespaces":
+            for p in self.hide:
+                argv += ["--hide", str(p)]
+            # the agent's own folder, and the interpreter wherever it lives
+            keep = [self.agent, Path(sys.prefix), Path(sys.base_prefix)]
+            for p in dict.fromkeys(keep):
+                argv += ["--keep", str(p)]
+        return [*argv, "--", *self.cmd]
+
+    def _exec(self, env: dict[str, str], limit: int) -> tuple[Outcome, list[str], bytes, bytes]:
+        status = self.folder / "sandbox-status"
+        logs = self.folder / "stdout.txt", self.folder / "stderr.txt"
+        argv = self._launcher(status)
+        # files, not pipes: a process that escaped cannot keep the harness reading forever
+        with open(logs[0], "wb") as out, open(logs[1], "wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=self.work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,  # its own session and process group
+                )
+            except OSError as e:
+                return "infra-error", [f"could not start {self.cmd[0]}: {e}"], b"", b""
+        timed_out = False
+        try:
+            rc = _wait(proc, limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.send_signal(signal.SIGTERM)  # the sandbox kills every process of the agent
+            try:
+                rc = proc.wait(timeout=_GRACE_SEC)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+        finally:
+            # whatever of the group is left (the sandbox reaps all it can see, this is the rest)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = (_tail(p) for p in logs)
+        if status.is_file() and status.stat().st_size:
+            problem = status.read_text(errors="replace").strip()
+            return "infra-error", [f"sandbox: {problem}"], stdout, stderr
+        if timed_out:
+            return "timeout", [f"no answer within {limit} s"], stdout, stderr
+        if rc != 0:
+            return "agent-failed", [f"exit status {rc}"], stdout, stderr
+        return "answered", [], stdout, stderr
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """`Popen.wait`, woken the moment the process exits (``wait(timeout=)`` polls in naps
+    of up to 50 ms, which a set of many short trials pays for each)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return proc.wait(timeout=timeout)
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(timeout * 1000):
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        return proc.wait()
+    finally:
+        os.close(fd)
+
+
+def _tail(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - _LOG_LIMIT))
+        return f.read()
+
+
+def _infra(spec: TrialSpec, started: str, t0: float, error: str) -> Trial:
+    return Trial(
+        slot=spec.slot,
+        attempt=spec.attempt,
+        outcome="infra-error",
+        started=started,
+        finished=now_iso(),
+        elapsed_ms=int((time.monotonic() - t0) * 1000),
+        errors=[error],
+        environment="local",
+    )
 
 
 def _read_run_info(path: Path, trial: Trial) -> None:

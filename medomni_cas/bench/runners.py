@@ -69,6 +69,10 @@ class Job:
     budget: int  # encoder calls per atom task, when the arm attaches the perception service
     runner: str = ""
     trials: list[TrialSpec] = field(default_factory=list)
+    #: Where a runner makes its private scratch folders (`medomni_cas.bench.scratch`).
+    scratch: Path | None = None
+    #: Folders agents must not see (the studio, the runs folder), besides the store's own.
+    private: tuple[Path, ...] = ()
 
     @property
     def arm_label(self) -> str:

@@ -42,6 +42,7 @@ from medomni_cas.bench.records import (
 from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, job_name_ref, job_ref
 from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, TrialSpec, get_runner
+from medomni_cas.bench.scratch import SCRATCH_FOLDER
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, id_from_digest
@@ -205,6 +206,8 @@ def run_set(
                 repetition=rep,
                 budget=budget,
                 runner=impl.name,
+                scratch=runs_dir / SCRATCH_FOLDER,
+                private=tuple(p for p in (studio, runs_dir) if p is not None),
             )
             previous: dict[ObjectId, ObjectId | None] = {}
             # resume: one batch of ref reads per job, then only outcome and attempt of runs
