@@ -67,7 +67,9 @@ def ws(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     yield root
 
 
-def _agent(tmp_path: Path, name: str, script: str, env: tuple[str, ...] = ()) -> AgentConfig:
+def _agent(
+    tmp_path: Path, name: str, script: str, env: tuple[str, ...] = (), **limits: int
+) -> AgentConfig:
     """An agent config running ``script`` with ``python -c``."""
     doc = {
         "kind": "agent",
@@ -78,6 +80,7 @@ def _agent(tmp_path: Path, name: str, script: str, env: tuple[str, ...] = ()) ->
             "scaffold": "process",
             "served_model": "none",
             "env": ["ISO_REPORT", *env],
+            "limits": limits,
             "command": ["python", "-c", textwrap.dedent(script)],
         },
     }
@@ -189,6 +192,35 @@ def test_a_detached_child_dies_with_its_trial(
     beat = (report_dir / "beat").stat().st_mtime
     time.sleep(0.3)
     assert (report_dir / "beat").stat().st_mtime == beat  # and it is not running now
+
+
+# Past its time limit: it and a child in a session of its own both ignore SIGTERM.
+STUBBORN = """
+import fcntl, os, signal, time
+from pathlib import Path
+report = Path(os.environ["ISO_REPORT"])
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    os.setsid()
+    lock = os.open(report / "alive", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    (report / "locked").touch()
+    time.sleep(60)
+    os._exit(0)
+while not (report / "locked").exists():
+    time.sleep(0.02)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_timeout_kills_every_process_of_the_trial(
+    ws: Path, tree: Path, tmp_path: Path, isolation: str
+) -> None:
+    agent = _agent(tmp_path, "stubborn", STUBBORN, time_sec=2)
+    _, runs = _run(ws, tree, agent, isolation, shard=(0, 20))
+    assert [r.outcome for r in runs] == ["timeout"] and "within 2 s" in runs[0].errors[0]
+    assert _free(tmp_path / "report/alive")  # its detached child went with it
 
 
 TOKENS = """
@@ -371,6 +403,31 @@ def test_a_killed_harness_leaves_no_agent_and_its_scratch_is_swept(
     assert not work.exists() and os.listdir(scratch) == []  # swept, and this run's removed
 
 
+def test_without_namespaces_auto_runs_with_none_and_says_so(
+    ws: Path, tree: Path, tmp_path: Path
+) -> None:
+    """Root without CAP_SYS_ADMIN (as in a default container) may not make namespaces."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to drop CAP_SYS_ADMIN")
+    _agent(tmp_path, "quick", ANSWER + "sub.write_text(answer)\n")
+    argv = [setpriv, "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]
+    argv += [sys.executable, "-m", "medomni_cas.cli.main", "bench", "run", SET, "--shard", "0/20"]
+    argv += ["--agent", str(tmp_path / "quick.yaml"), "--store", f"lmdb://{ws / '.medomni/store'}"]
+    argv += ["--studio", str(tree / "studio"), "--bench", str(tree / "bench")]
+    argv += ["--runs", str(ws / "runs")]
+    strict = subprocess.run([*argv, "--runner-option", "isolation=namespaces"], capture_output=True)
+    assert strict.returncode == 1
+    assert b"isolation=namespaces is not available here" in strict.stderr
+    auto = subprocess.run(argv, capture_output=True)
+    assert auto.returncode == 0, auto.stderr.decode()
+    with mc.open(f"lmdb://{ws / '.medomni/store'}") as s:
+        runs = [s.get(o, RunRecord) for o in s.iter_ids() if s.kind(o) == "medomni.run"]
+    assert [(r.outcome, r.isolation) for r in runs] == [("answered", "none")]
+    with pytest.raises(mc.MedomniError, match="isolation='bogus'"):
+        ProcessRunner(isolation="bogus")
+
+
 def test_the_sweep_spares_live_owners_and_keeps_what_was_kept(tmp_path: Path) -> None:
     root = tmp_path / SCRATCH_FOLDER
     live = Scratch(root)
@@ -408,7 +465,8 @@ def test_the_sandbox_works_unprivileged_where_user_namespaces_are_allowed() -> N
     if subprocess.run([*nobody, "-I", "-S", str(SANDBOX), "--probe"]).returncode != 0:
         pytest.skip("this kernel allows no unprivileged user namespaces")
     hidden = SANDBOX.parent
-    code = f"import os; print(os.listdir({str(hidden)!r}), sum(p.isdigit() for p in os.listdir('/proc')) <= 3)"
+    pids = "sum(p.isdigit() for p in os.listdir('/proc'))"
+    code = f"import os; print(os.listdir({str(hidden)!r}), {pids} <= 3)"
     done = subprocess.run(
         [*nobody, "-I", "-S", str(SANDBOX), "--hide", str(hidden), "--", *nobody[-1:], "-c", code],
         capture_output=True,
