@@ -9,7 +9,7 @@
    latest run, so resuming is one ref read per slot. A slot is claimed create-only before it
    runs (`harness.claims`), so two harnesses on one store never run it twice.
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
-   then writes the run folder as a view.
+   then writes the run folder as a view, and the call's `JobReport` in it (``report.json``).
 
 A slot is done when its run ended with an outcome of the agent's own. A run that failed for
 the infrastructure is kept, and the slot runs again on resume, up to ``max_attempts``. The
@@ -49,6 +49,7 @@ from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
+from medomni_cas.store.files import atomic_write
 from medomni_cas.store.ids import ObjectId, id_from_digest
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_builds, arm_label
@@ -64,6 +65,7 @@ __all__ = [
     "RunReport",
     "RunState",
     "check_posix_permissions",
+    "report_json",
     "job_ref",
     "run_set",
     "run_states",
@@ -489,7 +491,18 @@ def _run_job(
     _count(store, planned.scope, report)
     if runs:
         write_run_folder(store, jid, job.folder)
+    if job.folder.is_dir():
+        atomic_write(job.folder / "report.json", report_json(report), durable=False)
     return report
+
+
+def report_json(report: JobReport) -> bytes:
+    """A job's report as ``report.json`` in its run folder and ``bench run --json`` hold it."""
+    doc = dict(vars(report))
+    doc["job"] = report.job.hex()
+    doc["folder"] = str(report.folder)
+    doc["complete"] = report.complete
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
 
 
 def _count(store: Store, scope: list[bytes], report: JobReport) -> None:
