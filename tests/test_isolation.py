@@ -43,13 +43,20 @@ ISOLATIONS = ["none", pytest.param("namespaces", marks=needs_namespaces)]
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One pair (20 atom tasks) on an arm that attaches the perception service."""
-    return small_tree(
+    """One pair of four atom tasks (a cohort of four patients, added to the copy) on an arm
+    that attaches the perception service."""
+    root = small_tree(
         tmp_path_factory.mktemp("iso"),
         arms=["encoders-required"],
-        pairs=("synth-ehr_ckd-staging@n20",),
+        pairs=("synth-ehr_ckd-staging@n4",),
         name="iso",
     )
+    cohorts = root / "studio/datasets/synth-ehr/tasks/synth-ehr_ckd-staging/cohorts"
+    doc = yaml.safe_load((cohorts / "n20.yaml").read_text())
+    doc |= {"description": "Four patients.", "n": 4}
+    doc["per_class"]["counts"] = {"G1": 1, "G3a": 1, "G4": 1, "G5": 1}
+    (cohorts / "n4.yaml").write_text(yaml.safe_dump(doc))
+    return root
 
 
 @pytest.fixture
@@ -90,9 +97,9 @@ def _agent(
 
 
 def _run(
-    ws: Path, tree: Path, agent: AgentConfig, isolation: str, shard: tuple[int, int]
+    ws: Path, tree: Path, agent: AgentConfig, isolation: str
 ) -> tuple[RunReport, list[RunRecord]]:
-    """Run the shard ``shard`` of the set; the report, and every run record by start time."""
+    """Run the set's four slots; the report, and every run record by start time."""
     with mc.open(f"lmdb://{ws / '.medomni/store'}") as s:
         report = run_set(
             s,
@@ -101,7 +108,6 @@ def _run(
             runs_dir=ws / "runs",
             studio=tree / "studio",
             runner=ProcessRunner(isolation=isolation),
-            shard=shard,
         )
         runs = [s.get(o, RunRecord) for o in s.iter_ids() if s.kind(o) == "medomni.run"]
     return report, sorted(runs, key=lambda r: r.started)
@@ -116,6 +122,20 @@ sub = Path(os.environ["MEDOMNI_SUBMISSION"])
 schema = json.loads((work / "answer_schema.json").read_text())["targets"]
 answer = json.dumps({t["name"]: (t["classes"][0] if t["classes"] else 1.0) for t in schema})
 """
+
+# Answers at once, after one encoder call (the arm requires one).
+QUICK = (
+    ANSWER
+    + """
+import urllib.request
+url = os.environ["MEDOMNI_PERCEPTION_URL"]
+with urllib.request.urlopen(url + "/v1/encoders", timeout=10) as r:
+    name = json.load(r)[0]["name"]
+body = json.dumps({"encoder": name}).encode()
+urllib.request.urlopen(url + "/v1/encode", data=body, timeout=30).read()
+sub.write_text(answer)
+"""
+)
 
 # The first trial answers, then leaves a detached child (setsid, double fork) that writes
 # its answer into every other trial folder it finds and calls the gateway. Later trials do
@@ -178,10 +198,10 @@ def test_a_detached_child_dies_with_its_trial(
     agent = _agent(tmp_path, "detaching", DETACHING)
     report_dir = tmp_path / "report"
     try:
-        _, runs = _run(ws, tree, agent, isolation, shard=(0, 5))
+        _, runs = _run(ws, tree, agent, isolation)
     finally:
         (report_dir / "stop").touch()  # on a runner that let it live, end the child
-    assert len(runs) >= 2 and (report_dir / "locked").exists()
+    assert len(runs) == 4 and (report_dir / "locked").exists()
     first, later = runs[0], runs[1:]
     # nothing it left behind answered for a later trial or spent its calls
     assert [r.outcome for r in later] == ["agent-failed"] * len(later)
@@ -194,11 +214,16 @@ def test_a_detached_child_dies_with_its_trial(
     assert (report_dir / "beat").stat().st_mtime == beat  # and it is not running now
 
 
-# Past its time limit: it and a child in a session of its own both ignore SIGTERM.
+# The first trial runs past its time limit; it and a child in a session of its own both
+# ignore SIGTERM. Later trials fail at once.
 STUBBORN = """
-import fcntl, os, signal, time
+import fcntl, os, signal, sys, time
 from pathlib import Path
 report = Path(os.environ["ISO_REPORT"])
+try:
+    os.close(os.open(report / "first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+except FileExistsError:
+    sys.exit(1)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if os.fork() == 0:
     os.setsid()
@@ -218,8 +243,9 @@ def test_a_timeout_kills_every_process_of_the_trial(
     ws: Path, tree: Path, tmp_path: Path, isolation: str
 ) -> None:
     agent = _agent(tmp_path, "stubborn", STUBBORN, time_sec=2)
-    _, runs = _run(ws, tree, agent, isolation, shard=(0, 20))
-    assert [r.outcome for r in runs] == ["timeout"] and "within 2 s" in runs[0].errors[0]
+    _, runs = _run(ws, tree, agent, isolation)
+    assert [r.outcome for r in runs] == ["timeout", *["agent-failed"] * 3]
+    assert "within 2 s" in runs[0].errors[0]
     assert _free(tmp_path / "report/alive")  # its detached child went with it
 
 
@@ -257,8 +283,8 @@ with (report / "statuses").open("a") as f:
 
 def test_gateway_calls_need_the_trials_own_token(ws: Path, tree: Path, tmp_path: Path) -> None:
     agent = _agent(tmp_path, "tokens", TOKENS)
-    _, runs = _run(ws, tree, agent, "none", shard=(0, 6))
-    assert len(runs) >= 2
+    _, runs = _run(ws, tree, agent, "none")
+    assert len(runs) == 4
     got = [json.loads(line) for line in (tmp_path / "report/statuses").read_text().splitlines()]
     assert got[0] == {"own": 200, "none": 401, "encode": 200}
     later = {"own": 200, "none": 401, "encode": 200, "ended": 403, "ended_encode": 403}
@@ -302,7 +328,7 @@ def test_an_agent_cannot_see_the_store_studio_or_runs(
     paths = [os.getpid(), str(store), str(tree / "studio"), str(ws / "runs")]
     monkeypatch.setenv("ISO_SNOOP", json.dumps(paths))
     agent = _agent(tmp_path, "snoop", SNOOP, env=("ISO_SNOOP",))
-    _, runs = _run(ws, tree, agent, "namespaces", shard=(0, 10))
+    _, runs = _run(ws, tree, agent, "namespaces")
     got = json.loads((tmp_path / "report/snoop.json").read_text())
     assert not isinstance(got["via_proc"], list) or "data.mdb" not in got["via_proc"]
     assert got["store"] == [] and got["studio"] == []
@@ -331,7 +357,7 @@ def test_agents_get_an_allowlisted_environment_and_private_folders(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
     monkeypatch.setenv("MODEL_API_KEY", "named-by-the-config")
     agent = _agent(tmp_path, "env", ENVIRONMENT, env=("MODEL_API_KEY",))
-    _, runs = _run(ws, tree, agent, "none", shard=(0, 10))
+    _, runs = _run(ws, tree, agent, "none")
     got = json.loads((tmp_path / "report/env.json").read_text())
     env = got["env"]
     assert "AWS_SECRET_ACCESS_KEY" not in env
@@ -347,8 +373,9 @@ def test_agents_get_an_allowlisted_environment_and_private_folders(
     assert runs and runs[0].isolation == "none"
     # a variable the config names but nobody set is a check failure naming both
     monkeypatch.delenv("MODEL_API_KEY")
+    agent = _agent(tmp_path, "env", ENVIRONMENT + "# slots not run yet\n", env=("MODEL_API_KEY",))
     with pytest.raises(CheckFailed, match=r"agent config env: settings\.env names MODEL_API_KEY"):
-        _run(ws, tree, agent, "none", shard=(1, 10))
+        _run(ws, tree, agent, "none")
 
 
 SLOW = """
@@ -397,9 +424,9 @@ def test_a_killed_harness_leaves_no_agent_and_its_scratch_is_swept(
     while not _free(tmp_path / "report/alive") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _free(tmp_path / "report/alive")  # the agent died with its harness
-    quick = _agent(tmp_path, "quick", ANSWER + "sub.write_text(answer)\n")
-    _, runs = _run(ws, tree, quick, "auto", shard=(0, 10))
-    assert any(r.outcome == "answered" for r in runs)
+    quick = _agent(tmp_path, "quick", QUICK)
+    _, runs = _run(ws, tree, quick, "auto")
+    assert any(r.outcome == "answered" for r in runs), [(r.outcome, r.errors) for r in runs]
     assert not work.exists() and os.listdir(scratch) == []  # swept, and this run's removed
 
 
@@ -410,9 +437,9 @@ def test_without_namespaces_auto_runs_with_none_and_says_so(
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv to drop CAP_SYS_ADMIN")
-    _agent(tmp_path, "quick", ANSWER + "sub.write_text(answer)\n")
+    _agent(tmp_path, "quick", QUICK)
     argv = [setpriv, "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]
-    argv += [sys.executable, "-m", "medomni_cas.cli.main", "bench", "run", SET, "--shard", "0/20"]
+    argv += [sys.executable, "-m", "medomni_cas.cli.main", "bench", "run", SET]
     argv += ["--agent", str(tmp_path / "quick.yaml"), "--store", f"lmdb://{ws / '.medomni/store'}"]
     argv += ["--studio", str(tree / "studio"), "--bench", str(tree / "bench")]
     argv += ["--runs", str(ws / "runs")]
@@ -423,7 +450,8 @@ def test_without_namespaces_auto_runs_with_none_and_says_so(
     assert auto.returncode == 0, auto.stderr.decode()
     with mc.open(f"lmdb://{ws / '.medomni/store'}") as s:
         runs = [s.get(o, RunRecord) for o in s.iter_ids() if s.kind(o) == "medomni.run"]
-    assert [(r.outcome, r.isolation) for r in runs] == [("answered", "none")]
+    assert [(r.outcome, r.isolation) for r in runs] == [("answered", "none")] * 4
+    assert all(r.agent_block.meets_arm for r in runs)
     with pytest.raises(mc.MedomniError, match="isolation='bogus'"):
         ProcessRunner(isolation="bogus")
 
