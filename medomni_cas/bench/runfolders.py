@@ -25,11 +25,13 @@ it).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 
 from medomni_cas.bench.encoder_calls import EncoderCall
 from medomni_cas.bench.records import (
@@ -73,22 +75,53 @@ _JSON = msgspec.json.Encoder(enc_hook=_enc_hook, order="sorted")
 def _spelled(record: msgspec.Struct, body: dict[str, Any], path: str, left: list[str]) -> Any:
     """``body`` (``record`` as its encoding gives it, defaults left out) with every field
     spelled, the default ones too; their paths go to ``left``."""
-    out: dict[str, Any] = {}
-    for name in record.__struct_fields__:
-        value = getattr(record, name)
-        if name not in body:
-            out[name] = msgspec.json.decode(_JSON.encode(value))
-            left.append(path + name)
-        elif isinstance(value, msgspec.Struct):
-            out[name] = _spelled(value, body[name], f"{path}{name}.", left)
-        elif isinstance(value, tuple) and value and isinstance(value[0], msgspec.Struct):
-            out[name] = [
-                _spelled(v, b, f"{path}{name}.{i}.", left)
-                for i, (v, b) in enumerate(zip(value, body[name], strict=True))
-            ]
-        else:
-            out[name] = body[name]
+    cls = type(record)
+    missing = sorted(_defaults(cls).keys() - body.keys())
+    if missing:
+        body = {**_defaults(cls), **body}
+        left += [path + name for name in missing]
+    for name, many in _nested(cls):
+        if name not in missing and body.get(name) is not None:
+            value = getattr(record, name)
+            if many:
+                body[name] = [
+                    _spelled(v, b, f"{path}{name}.{i}.", left)
+                    for i, (v, b) in enumerate(zip(value, body[name], strict=True))
+                ]
+            else:
+                body[name] = _spelled(value, body[name], f"{path}{name}.", left)
+    return body
+
+
+@functools.cache
+def _defaults(cls: type[msgspec.Struct]) -> dict[str, Any]:
+    """Each field's default as JSON builtins (a field left out of a record's bytes has it)."""
+    out = {}
+    for f in msgspec.structs.fields(cls):
+        if f.default is not msgspec.NODEFAULT:
+            out[f.name] = msgspec.json.decode(_JSON.encode(f.default))
+        elif f.default_factory is not msgspec.NODEFAULT:
+            out[f.name] = msgspec.json.decode(_JSON.encode(f.default_factory()))
     return out
+
+
+@functools.cache
+def _nested(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
+    """The fields of ``cls`` that hold structs: (name, True for a tuple of them)."""
+    out = []
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    for f in info.fields:
+        t = f.type
+        if isinstance(t, msgspec.inspect.UnionType):  # X | None
+            t = next((u for u in t.types if not isinstance(u, msgspec.inspect.NoneType)), t)
+        if isinstance(t, msgspec.inspect.StructType):
+            out.append((f.name, False))
+        elif isinstance(t, msgspec.inspect.VarTupleType | msgspec.inspect.ListType) and isinstance(
+            t.item_type, msgspec.inspect.StructType
+        ):
+            out.append((f.name, True))
+    return tuple(out)
 
 
 def _unspelled(body: dict[str, Any], left: list[str]) -> dict[str, Any]:
