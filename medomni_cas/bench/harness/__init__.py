@@ -9,7 +9,7 @@
    latest run, so resuming is one ref read per slot. A slot is claimed create-only before it
    runs (`harness.claims`), so two harnesses on one store never run it twice.
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
-   then writes the run folder as a view.
+   then writes the run folder as a view, and the call's `JobReport` in it (``report.json``).
 
 A slot is done when its run ended with an outcome of the agent's own. A run that failed for
 the infrastructure is kept, and the slot runs again on resume, up to ``max_attempts``. The
@@ -50,6 +50,7 @@ from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
+from medomni_cas.store.files import atomic_write
 from medomni_cas.store.ids import ObjectId, id_from_digest
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_builds, arm_label
@@ -62,9 +63,12 @@ __all__ = [
     "CheckFailed",
     "JobReport",
     "Rerun",
+    "Resume",
     "RunReport",
     "RunState",
     "check_posix_permissions",
+    "report_json",
+    "resume",
     "job_ref",
     "run_set",
     "run_states",
@@ -146,10 +150,8 @@ class _Planned:
 
     job: Job
     previous: dict[ObjectId, ObjectId | None]  # slot to run -> its latest run
-    slots: list[bytes]  # every slot of the job, in the arm's atom order
+    plan: Resume
     rows: ArmRows
-    scope: list[bytes]  # the slots this call is asked for (its shard's)
-    done: int  # slots in scope with a final run this call does not redo
 
 
 # -- resume -----------------------------------------------------------------------------------
@@ -212,6 +214,56 @@ def _redo(state: RunState, rerun: Rerun | None, max_attempts: int) -> bool:
 
 def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
     return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
+
+
+@dataclass
+class Resume:
+    """Where a job's slots stand before it runs: the resume check's answer."""
+
+    slots: list[bytes]  # every slot of the job (digests), in the arm's atom order
+    to_run: list[tuple[int, int, ObjectId | None]]  # (atom index, attempt, latest run)
+    scope: int = 0  # slots this call is asked for (its shard's)
+    done: int = 0  # slots in scope with a final run this call does not redo
+    outcomes: dict[str, int] = field(default_factory=dict)  # of those final runs
+    unanswered: int = 0  # of those final runs, those without a scored answer
+
+
+def resume(
+    store: Store,
+    atoms: Sequence[ObjectId],
+    agent_config: ObjectId,
+    arm_label: str,
+    repetition: int,
+    *,
+    shard: tuple[int, int] | None = None,
+    rerun: Rerun | None = None,
+    max_attempts: int = 3,
+) -> Resume:
+    """The resume check of one job: every slot's id, one batch of ref reads, then each
+    final run's outcome, attempt and arm check (`run_states`); counts what is done."""
+    slots = slot_digests(atoms, agent_config, arm_label, repetition)
+    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
+    states = run_states(store, [r for r in lasts if r is not None])
+    plan = Resume(slots, [])
+    outcomes: dict[str, int] = {}
+    unanswered = 0
+    to_run = plan.to_run.append
+    for i, (digest, last) in enumerate(zip(slots, lasts, strict=True)):
+        if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:
+            continue
+        plan.scope += 1
+        if last is None:
+            to_run((i, 1, None))
+            continue
+        state = states[last]
+        if _redo(state, rerun, max_attempts):
+            to_run((i, state.attempt + 1, last))
+            continue
+        outcomes[state.outcome] = outcomes.get(state.outcome, 0) + 1
+        unanswered += not state.answered
+    plan.done = plan.scope - len(plan.to_run)
+    plan.outcomes, plan.unanswered = outcomes, unanswered
+    return plan
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -312,31 +364,26 @@ def run_set(
                 budget=budget,
                 runner=impl.name,
             )
+            plan = resume(
+                store,
+                [aid for aid, _ in atoms],
+                agent_id,
+                label,
+                rep,
+                shard=shard,
+                rerun=rerun,
+                max_attempts=max_attempts,
+            )
             previous: dict[ObjectId, ObjectId | None] = {}
-            # resume: one batch of ref reads per job, then only outcome and attempt of runs
-            slots = slot_digests([aid for aid, _ in atoms], agent_id, label, rep)
-            lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
-            states = run_states(store, [r for r in lasts if r is not None])
-            scope: list[bytes] = []
-            done = 0
-            for (aid, atom), digest, last in zip(atoms, slots, lasts, strict=True):
-                if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:
-                    continue
-                scope.append(digest)
-                attempt = 1
-                if last is not None:
-                    state = states[last]
-                    if not _redo(state, rerun, max_attempts):
-                        done += 1
-                        continue  # done (or given up on): resume skips it
-                    attempt = state.attempt + 1
+            for i, attempt, last in plan.to_run:
+                aid, atom = atoms[i]
                 check = checks.get(atom.format_check)
                 if check is None:
                     check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
-                slot = id_from_digest(digest)  # only a slot that runs needs its id
+                slot = id_from_digest(plan.slots[i])  # only a slot that runs needs its id
                 job.trials.append(TrialSpec(slot, attempt, aid, atom, check))
                 previous[slot] = last
-            planned.append(_Planned(job, previous, slots, rows, scope, done))
+            planned.append(_Planned(job, previous, plan, rows))
             if job.trials:
                 problems += [f"{label} r{rep}: {p}" for p in impl.check(job)]
     if problems:
@@ -413,11 +460,12 @@ def _run_job(
     progress: Progress | None,
     fail_fast: int,
 ) -> JobReport:
-    job, slots = planned.job, planned.slots
+    job, slots = planned.job, planned.plan.slots
     started, job.name = _job_started(store, view, job)
     job.folder = runs_dir / job.name
     ran = infra = 0
     held: list[str] = []
+    held_slots: set[bytes] = set()
     stopped = ""
     # the errors of this call's first runs, until one answers or fail_fast of them are in
     failures: list[str] = []
@@ -431,6 +479,7 @@ def _run_job(
                 mine.append(t)
             else:
                 held.append(_holder(store, t.slot))
+                held_slots.add(t.slot)
         job.trials = mine
         specs = {t.slot: t for t in job.trials}
         try:
@@ -483,23 +532,39 @@ def _run_job(
         job.folder,
         len(slots),
         ran,
-        done=planned.done,
+        done=planned.plan.done,
         held=held,
-        outside_shard=len(slots) - len(planned.scope),
+        outside_shard=len(slots) - planned.plan.scope,
         infra_errors=infra,
         stopped=stopped,
     )
-    _count(store, planned.scope, report)
+    _count(store, planned, report, held_slots)
     if runs:
         write_run_folder(store, jid, job.folder)
+    if job.folder.is_dir():
+        atomic_write(job.folder / "report.json", report_json(report), durable=False)
     return report
 
 
-def _count(store: Store, scope: list[bytes], report: JobReport) -> None:
-    """Fill in where the slots in scope stand now: outcomes, unanswered, never run."""
-    lasts = store.refs.get_many_by_id(SLOT_REFS, scope)
+def report_json(report: JobReport) -> bytes:
+    """A job's report as ``report.json`` in its run folder and ``bench run --json`` hold it."""
+    doc = dict(vars(report))
+    doc["job"] = report.job.hex()
+    doc["folder"] = str(report.folder)
+    doc["complete"] = report.complete
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+
+
+def _count(store: Store, planned: _Planned, report: JobReport, held: set[bytes]) -> None:
+    """Fill in where the slots in scope stand now: those done before as the resume check
+    found them, those planned to run as their refs say after the run (but those another
+    harness held, which the report counts as held)."""
+    outcomes = dict(planned.plan.outcomes)
+    report.unanswered = planned.plan.unanswered
+    slots = [planned.plan.slots[i] for i, _, _ in planned.plan.to_run]
+    slots = [s for s in slots if s not in held]
+    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
     states = run_states(store, [r for r in lasts if r is not None])
-    outcomes: dict[str, int] = {}
     for last in lasts:
         if last is None:
             report.never_run += 1
@@ -508,5 +573,3 @@ def _count(store: Store, scope: list[bytes], report: JobReport) -> None:
         outcomes[state.outcome] = outcomes.get(state.outcome, 0) + 1
         report.unanswered += not state.answered
     report.outcomes = dict(sorted(outcomes.items()))
-    # a slot held by another harness has no final run of ours: it counts as held, not twice
-    report.never_run = max(0, report.never_run - len(report.held))
