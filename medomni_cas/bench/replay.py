@@ -78,6 +78,8 @@ class ReplayRunner(Runner):
                 tokens_in=0,
                 tokens_out=0,
                 cost_usd=0.0,
+                environment="local",  # no agent runs: nothing to isolate, nothing to reach
+                isolation="none",
             )
             if run is None or run.answer is None:
                 trial.outcome = "agent-failed"
