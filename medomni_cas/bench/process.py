@@ -136,6 +136,7 @@ class ProcessRunner(Runner):
         "an agent command as a subprocess (namespaces where Linux allows them, else none)"
     )
     isolated: ClassVar[bool] = False
+    scaffolds: ClassVar[tuple[str, ...]] = ("process", "baseline", "command")
 
     def __init__(
         self,

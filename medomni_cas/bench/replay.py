@@ -39,6 +39,7 @@ def source_run(
 class ReplayRunner(Runner):
     name: ClassVar[str] = "replay"
     description: ClassVar[str] = "repeats the answers of earlier runs (no model calls)"
+    scaffolds: ClassVar[tuple[str, ...]] = ("replay",)
 
     def _source(self, job: Job) -> ObjectId:
         source = job.agent.options.get("source")
