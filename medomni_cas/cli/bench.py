@@ -9,7 +9,8 @@ import argparse
 import sys
 
 from medomni_cas import porcelain
-from medomni_cas.bench.harness import CheckFailed
+from medomni_cas.bench.harness import CheckFailed, Interrupted, LeaseLost, RunReport
+from medomni_cas.bench.harness.claims import DEFAULT_LEASE
 from medomni_cas.bench.runfolders import import_run_folder
 from medomni_cas.bench.runners import runner_names
 from medomni_cas.cli._output import (
@@ -44,6 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Check the set, then run every slot that has no run yet (resuming is running again)."""
     folders = workspace_folders()
     agent = porcelain.agent_config(args.agent, folders=folders, bench=args.bench)
+    stopped: Interrupted | LeaseLost | None = None
     with open_store(args) as store:
         try:
             report = porcelain.run(
@@ -62,15 +64,32 @@ def cmd_run(args: argparse.Namespace) -> int:
                 max_attempts=args.max_attempts,
                 budget=args.budget,
                 shard=args.shard,
+                claim_timeout=args.claim_timeout,
             )
         except CheckFailed as e:
             sys.stderr.write(f"medomni: {e}\n")
             if json_mode(args):
                 emit(args, {"error": {"type": "CheckFailed", "problems": e.problems}}, "")
             return EXIT_PROBLEM
+        except (Interrupted, LeaseLost) as e:
+            # stopped: the claims are released and what finished is recorded; say what
+            stopped = e
+            if e.report is None:
+                sys.stderr.write(f"medomni: {e}; nothing was run\n")
+                return e.exit_status if isinstance(e, Interrupted) else EXIT_PROBLEM
+            report = e.report
+    _print_run(args, report, stopped)
+    if isinstance(stopped, Interrupted):
+        return stopped.exit_status
+    return EXIT_PROBLEM if stopped is not None else EXIT_OK
+
+
+def _print_run(
+    args: argparse.Namespace, report: RunReport, stopped: Interrupted | LeaseLost | None
+) -> None:
     for notice in report.notices:
         sys.stderr.write(f"medomni: {notice}\n")
-    data = {
+    data: dict[str, object] = {
         "task_set": report.task_set,
         "agent_config": report.agent_config,
         "jobs": [to_builtins(j.__dict__) for j in report.jobs],
@@ -82,11 +101,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             if j.infra_errors
             else ""
         )
+        + (
+            f", {j.held} held by another harness ({', '.join(map(str, j.holders))})"
+            if j.held
+            else ""
+        )
         for j in report.jobs
     ]
     lines.append(f"{report.ran} runs in {len(report.jobs)} jobs")
+    if stopped is not None:
+        # on stderr too: under --json the reason would otherwise be lost
+        sys.stderr.write(f"medomni: {stopped}; claims released, the runs that finished recorded\n")
+        data["stopped"] = str(stopped)
     emit(args, to_builtins(data), lines)
-    return EXIT_OK
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -165,6 +192,14 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="runs per slot when the infrastructure fails (default 3)",
     )
     r.add_argument("--budget", type=int, default=8, help="encoder calls per atom task")
+    r.add_argument(
+        "--claim-timeout",
+        type=float,
+        default=DEFAULT_LEASE,
+        metavar="SECONDS",
+        help="this harness's lease: how long other harnesses wait for its heartbeat before "
+        f"they take its slots over (default {DEFAULT_LEASE:g})",
+    )
     r.add_argument(
         "--shard",
         type=shard_arg,

@@ -6,10 +6,16 @@
    service, an image).
 2. Runs one job per arm (and rung) x repetition, slot by slot. A run slot's id is
    ``hash(atom, agent config, arm label, repetition)``; ``runs/slots/<slot>`` points at its
-   latest run, so resuming is one ref read per slot. A slot is claimed create-only before it
-   runs (`harness.claims`), so two harnesses on one store never run it twice.
+   latest run, so resuming is one ref read per slot. A slot is claimed before it runs, under
+   a lease its harness keeps alive with a heartbeat (`harness.claims`), so two harnesses on
+   one store never run it twice, and the slots of a harness that died are taken over once
+   its lease lapses.
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
    then writes the run folder as a view.
+
+SIGINT and SIGTERM stop it (`harness.interrupts`): it ends the trial in flight, starts no
+other, releases its claims, records the job with the runs that finished, and raises
+`Interrupted` (the CLI exits 130 / 143). So does a lease it could not renew (`LeaseLost`).
 
 A slot is done when its run ended with an outcome of the agent's own. A run that failed for
 the infrastructure is kept, and the slot runs again on resume, up to ``max_attempts``. The
@@ -24,13 +30,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
+from medomni_cas.bench.harness import interrupts
 from medomni_cas.bench.harness.checks import (
     CheckFailed,
     check_built,
     check_posix_permissions,
     check_routes,
 )
-from medomni_cas.bench.harness.claims import claim, release, sweep
+from medomni_cas.bench.harness.claims import DEFAULT_LEASE, Holder, Lease, LeaseLost
+from medomni_cas.bench.harness.interrupts import Interrupted
 from medomni_cas.bench.recording import record_job, record_trial
 from medomni_cas.bench.records import (
     AGENT_OUTCOMES,
@@ -53,7 +61,10 @@ from medomni_cas.studio.tasksets import SetView, show_set
 __all__ = [
     "PREDICTION_COLUMNS",
     "CheckFailed",
+    "Holder",
+    "Interrupted",
     "JobReport",
+    "LeaseLost",
     "RunReport",
     "check_posix_permissions",
     "job_ref",
@@ -73,6 +84,8 @@ class JobReport:
     ran: int
     skipped: int
     infra_errors: int
+    held: int = 0  # slots another live harness holds
+    holders: list[Holder] = field(default_factory=list)  # those harnesses
 
 
 @dataclass
@@ -137,6 +150,7 @@ def _entries(view: SetView, arms: Sequence[str] | None) -> list[SetEntry]:
     return list(view.entries)
 
 
+@interrupts.stop_on_signals()
 def run_set(
     store: Store,
     name: str,
@@ -150,7 +164,7 @@ def run_set(
     accept_conditions: bool = False,
     max_attempts: int = 3,
     budget: int = 8,
-    claim_timeout: float = 6 * 3600.0,
+    claim_timeout: float = DEFAULT_LEASE,
     progress: Progress | None = None,
     shard: tuple[int, int] | None = None,
 ) -> RunReport:
@@ -159,9 +173,18 @@ def run_set(
     ``shard=(i, n)`` runs only the slots whose id falls in shard i of n, so machines can
     share a set on one store; each writes its jobs' records, and a last unsharded run (which
     finds every slot done) records every job whole.
+
+    ``claim_timeout`` is this harness's lease in seconds: how long other harnesses wait for
+    its heartbeat before they take its slots over. Raises `Interrupted` on SIGINT / SIGTERM
+    and `LeaseLost` when the lease could not be kept, each with ``report`` (what was
+    recorded) set.
     """
     if reps < 1:
         raise MedomniError(f"--reps must be at least 1, got {reps}")
+    if not claim_timeout > 0:
+        raise MedomniError(
+            f"--claim-timeout wants a positive number of seconds, got {claim_timeout}"
+        )
     if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise MedomniError(f"shard {shard[0]}/{shard[1]}: want i/n with 0 <= i < n")
     view = show_set(store, name)
@@ -236,8 +259,18 @@ def run_set(
     if store.refs.get(agent_ref(agent.name)) != agent_id:
         # harnesses of one set may start together: retry, the last config named wins
         store.refs.update(agent_ref(agent.name), lambda _cur: agent_id, message="bench run")
-    for p in planned:
-        report.jobs.append(_run_job(store, view, impl, p, runs_dir, claim_timeout, progress))
+    try:
+        # a signal waits for a check (between claims, before a trial) or the runner (which
+        # it interrupts): a run is recorded whole or not at all, and each job with what ran
+        with interrupts.protected(), Lease(store, claim_timeout) as lease:
+            for p in planned:
+                interrupts.check()
+                report.jobs.append(_run_job(store, view, impl, p, runs_dir, lease, progress))
+    except (Interrupted, LeaseLost) as e:
+        if e.job is not None and e.job not in report.jobs:
+            report.jobs.append(e.job)
+        e.report = report
+        raise
     return report
 
 
@@ -276,37 +309,48 @@ def _run_job(
     impl: Runner,
     planned: _Planned,
     runs_dir: Path,
-    claim_timeout: float,
+    lease: Lease,
     progress: Progress | None,
 ) -> JobReport:
     job, slots = planned.job, planned.slots
     started, job.name = _job_started(store, view, job)
     job.folder = runs_dir / job.name
     ran = infra = 0
-    sweep(store, slots, {t.slot for t in job.trials}, claim_timeout)
+    held: dict[ObjectId, Holder] = {}
+    stopped: Interrupted | LeaseLost | None = None
+    lease.sweep(slots, {t.slot for t in job.trials})
     if job.trials:
-        # claim every slot first: another harness on this store skips what we hold
-        job.trials = [t for t in job.trials if claim(store, t.slot, claim_timeout)]
-        specs = {t.slot: t for t in job.trials}
+        specs: dict[ObjectId, TrialSpec] = {}
         try:
+            # claim every slot first: another harness on this store skips what we hold
+            for t in job.trials:
+                interrupts.check()
+                holder = lease.claim(t.slot)
+                if holder is None:
+                    specs[t.slot] = t
+                else:
+                    held[t.slot] = holder
+            job.trials = list(specs.values())
             if job.trials:
                 job.folder.mkdir(parents=True, exist_ok=True)
                 impl.prepare(job)
                 for stream in (impl.run(job), impl.collect(job)):
-                    for trial in stream:
+                    for trial in interrupts.each(stream, lease.check):
                         spec = specs.pop(trial.slot, None)
                         if spec is None:
                             continue  # a runner reporting a slot twice, or one not ours
                         previous = planned.previous[trial.slot]
                         record_trial(store, job, spec, trial, view.task_set, previous)
-                        release(store, trial.slot)
+                        lease.release(trial.slot)
                         ran += 1
                         infra += trial.outcome == "infra-error"
                         if progress is not None:
                             progress(job.name, ran, len(job.trials))
+        except (Interrupted, LeaseLost) as e:
+            stopped = e  # record what finished, then stop
         finally:
             for slot in specs:
-                release(store, slot)  # not run (runner stopped early): free for the next try
+                lease.release(slot)  # not run (runner stopped early): free for the next try
     runs = _final_runs(store, slots)
     assert view.build is not None  # run_set refuses a set without one
     jid = record_job(
@@ -320,4 +364,11 @@ def _run_job(
     )
     if runs:
         write_run_folder(store, jid, job.folder)
-    return JobReport(job.name, jid, job.folder, len(slots), ran, len(slots) - ran, infra)
+    holders = list(dict.fromkeys(held.values()))
+    report = JobReport(
+        job.name, jid, job.folder, len(slots), ran, len(slots) - ran, infra, len(held), holders
+    )
+    if stopped is not None:
+        stopped.job = report
+        raise stopped
+    return report
