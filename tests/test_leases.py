@@ -190,7 +190,11 @@ def test_a_lease_ended_by_another_harness_stops_its_holder(store: mc.Store) -> N
     with Lease(store, 0.6) as lease:
         assert lease.claim(_slot(1)) is None
         beat = f"runs/leases/{lease.holder.nonce}"
+        assert lease.holds(_slot(1))
         store.refs.delete(beat)  # what a harness does that found it lapsed
+        with Lease(store, 30) as other:
+            assert other.claim(_slot(1)) is None  # its heartbeat gone: taken over
+            assert not lease.holds(_slot(1))  # so its trial there is not recorded
         deadline = time.monotonic() + 60
         with pytest.raises(LeaseLost, match="ended"):  # poll until it notices
             while time.monotonic() < deadline:

@@ -339,6 +339,8 @@ def _run_job(
                         spec = specs.pop(trial.slot, None)
                         if spec is None:
                             continue  # a runner reporting a slot twice, or one not ours
+                        if not lease.holds(trial.slot):
+                            continue  # our lease lapsed and another harness took it over
                         previous = planned.previous[trial.slot]
                         record_trial(store, job, spec, trial, view.task_set, previous)
                         lease.release(trial.slot)

@@ -242,6 +242,11 @@ class Lease:
         parsed = None if current is None else self._read(current)
         return parsed[0] if parsed is not None else Holder("?", 0)
 
+    def holds(self, slot: bytes) -> bool:
+        """Whether ``slot``'s claim is still this harness's (one ref read): after a lapse,
+        another harness may have taken it over and be running it."""
+        return self._claim is not None and self.store.refs.get(claim_ref(slot)) == self._claim
+
     def release(self, slot: bytes) -> None:
         """Give ``slot`` up: its run is recorded, or it was not run after all."""
         if self._claim is not None:
