@@ -51,6 +51,7 @@ from benchmarks_perf.bench_score import bench_scoring
 from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.columns import PREDICTION_SCHEMA, put_columns
 from medomni_cas.bench.harness import run_states
+from medomni_cas.bench.harness.claims import Lease
 from medomni_cas.bench.records import (
     AgentBlock,
     AgentConfig,
@@ -332,6 +333,14 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     t_one, found_one = median_time(one_by_one, sizes.repeats)
     if found != n or found_one != n:
         raise RuntimeError(f"resume found {found} and {found_one} of {n} slots")
+    # the same while a harness's lease heartbeats in its thread, renewed every 0.1 s (a real
+    # lease renews every 20 s): the heartbeat must not slow the resume check
+    with Lease(store, 0.3) as lease:
+        lease.start()
+        t_beat, found_beat = median_time(ours, sizes.repeats)
+        lease.check()  # it was renewed all along
+    if found_beat != n:
+        raise RuntimeError(f"resume found {found_beat} of {n} slots while heartbeating")
     t_ids, ids = median_time(ids_only, sizes.repeats)
     t_ids_def, ids_def = median_time(ids_defined, sizes.repeats)
     if ids != ids_def:
@@ -379,6 +388,15 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             max_value=0.2,
             note=f"slot_digests + Refs.get_many_by_id per job ({len(runs.jobs)} jobs), as the "
             f"harness does{reps}",
+        ),
+        Row(
+            f"resume: {what}, slot ids + refs, lease heartbeating",
+            t_beat,
+            "s",
+            t_ours,
+            "no heartbeat",
+            max_ratio=1.10,
+            note="the same, while a Lease renews its heartbeat every 0.1 s in a thread",
         ),
         Row(
             f"resume: {what}, slot ids alone",
