@@ -333,7 +333,8 @@ def _run_job(
             job.trials = list(specs.values())
             if job.trials:
                 job.folder.mkdir(parents=True, exist_ok=True)
-                impl.prepare(job)
+                with interrupts.interruptible():  # a runner never writes to the store
+                    impl.prepare(job)
                 for stream in (impl.run(job), impl.collect(job)):
                     for trial in interrupts.each(stream, lease.check):
                         spec = specs.pop(trial.slot, None)
