@@ -10,6 +10,8 @@
     columns.json           the job's predictions as columns (the record), and in
     columns/<name>.arrow   each column, an Arrow IPC stream
     trials/<run_id>/       the answer as written (answer.bin) and the trial's log files
+    report.json            the last `bench run`'s report of the job (the harness writes it:
+                           not a record, and not read back)
 
 The folder is a view: the store is the truth, and writing it again gives the same bytes.
 `import_run_folder` reads one back into a store (another machine's, say), re-hashing every
