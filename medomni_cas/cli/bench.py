@@ -68,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 runner_options=dict(_option(o) for o in args.runner_option or ()),
                 arms=args.arm,
                 studio=args.studio,
+                bench=args.bench,
                 runs_dir=args.runs,
                 progress=bars(args),
                 reps=args.reps,
@@ -225,9 +226,10 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r.add_argument("--reps", type=int, default=1, help="repetitions of each atom task")
     r.add_argument(
         "--runner",
-        default="process",
+        default=None,
         choices=runner_names(),
-        help="how agents run (default: process)",
+        help="how agents run (default: the runner of the agent config's scaffold: process for "
+        "a command, replay for replay, harbor for a Harbor agent)",
     )
     r.add_argument(
         "--runner-option",

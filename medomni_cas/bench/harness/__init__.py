@@ -38,6 +38,7 @@ from medomni_cas.bench.harness import interrupts
 from medomni_cas.bench.harness.checks import (
     CheckFailed,
     check_built,
+    check_card,
     check_posix_permissions,
     check_routes,
 )
@@ -315,6 +316,7 @@ def run_set(
     *,
     runs_dir: Path,
     studio: Path | None,
+    bench: Path | None = None,
     runner: str | Runner = "process",
     arms: Sequence[str] | None = None,
     reps: int = 1,
@@ -369,6 +371,7 @@ def run_set(
     notices: list[str] = []
     built = check_built(store, entries, problems)
     check_routes(store, entries, agent, studio, accept_conditions, problems, notices)
+    check_card(name, agent, bench, problems, notices)
     if problems:  # damaged tasks cannot even be planned; report before reading them again
         raise CheckFailed(sorted(dict.fromkeys(problems)))
 
