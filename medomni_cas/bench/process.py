@@ -356,6 +356,15 @@ class _Run:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
+        except BaseException:  # the harness was stopped (a signal): the trial ends with it
+            proc.send_signal(signal.SIGTERM)  # the sandbox kills every process of the agent
+            try:
+                proc.wait(timeout=_GRACE_SEC)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise
         finally:
             # whatever of the group is left (the sandbox reaps all it can see, this is the rest)
             with contextlib.suppress(ProcessLookupError, PermissionError):
