@@ -232,6 +232,21 @@ def test_a_dropped_job(capsys: pytest.CaptureFixture[str], scored: Scored, with_
     assert wanted in out
 
 
+def test_a_job_made_outside_the_harness(capsys: pytest.CaptureFixture[str], scored: Scored) -> None:
+    # a job record of a key of the set that no harness wrote (any field may be forged: its
+    # rows are then what it gives), linked instead of the recorded one
+    with mc.open(scored.url, create=False) as store:
+        honest = _honest(store, scored)
+        job = store.get(honest.jobs[0], JobRecord)
+        made = store.put(msgspec.structs.replace(job, started="2020-01-01T00:00:00.000Z"))
+        _forge(store, scored, jobs=(made, *honest.jobs[1:]))
+    code, out, data = _verify(capsys, scored)
+    assert code == 1, out
+    (problem,) = data["score"]
+    assert problem["job"] == made.hex() and "no harness recorded it" in problem["message"]
+    assert f"rep {job.repetition}" in problem["message"]
+
+
 def test_two_jobs_of_one_key(capsys: pytest.CaptureFixture[str], scored: Scored) -> None:
     with mc.open(scored.url, create=False) as store:
         honest = _honest(store, scored)

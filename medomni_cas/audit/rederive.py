@@ -18,7 +18,8 @@ Links
     every job the store records for the task set (its ``runs/jobs/`` refs) under an agent
     config of the result must have a job of its key in the result: a job left out (with or
     without its rows) is named. A job whose ref has moved on to a later record is a
-    notice, not a problem: the store moved on after the score.
+    notice, not a problem: the store moved on after the score. A job the ref never pointed
+    at, in a store whose harness made the ref, was made outside the harness: a problem.
 Scorer versions
     `ROW_FIELDS` lists the row fields each scorer version wrote: a result is compared on
     its version's fields, and the fields added later must be at their defaults. A scorer
@@ -321,10 +322,36 @@ class _Checker:
                     derived=jid.hex(),
                 )
             elif kept != jid:
-                self.out.notices.append(
-                    f"{self.job(j)}: the result has an earlier record of it "
-                    f"({short(kept)}); {ref} has moved on to {short(jid)}"
-                )
+                self.check_earlier(ref, jid, kept, j)
+
+    def check_earlier(self, ref: str, now: ObjectId, kept: ObjectId, j: JobRecord) -> None:
+        """A result's job of a key whose ref has moved on: an earlier record of the ref (a
+        notice), unless the ref's whole history is here and never held it."""
+        history = self.store.refs.history(ref)
+        if any(e.new == kept for e in history):
+            self.out.notices.append(
+                f"{self.job(j)}: the result has an earlier record of it ({short(kept)}); "
+                f"{ref} has moved on to {short(now)}"
+            )
+            return
+        # the harness made the ref in this store: every record of the job went through it
+        # (a ref that came by a pull or a bundle has only the history from then on)
+        whole = bool(history) and history[0].old is None and history[0].message.startswith("job ")
+        if whole:
+            self.problem(
+                "link",
+                f"jobs: the result's job {short(kept)} is of the key of {self.job(j)}, but no "
+                f"harness recorded it: {ref} never pointed at it",
+                field="jobs",
+                job=kept.hex(),
+                recorded=kept.hex(),
+                derived=now.hex(),
+            )
+        else:
+            self.out.notices.append(
+                f"{self.job(j)}: the result has another record of it ({short(kept)}), which "
+                f"{ref} has not pointed at since its history here begins"
+            )
 
     def compare_result(self, d: Derived) -> None:
         res = self.res
