@@ -247,6 +247,24 @@ def test_a_job_made_outside_the_harness(capsys: pytest.CaptureFixture[str], scor
     assert f"rep {job.repetition}" in problem["message"]
 
 
+def test_forged_answer_keys_and_a_link_to_what_is_no_job(
+    capsys: pytest.CaptureFixture[str], scored: Scored
+) -> None:
+    with mc.open(scored.url, create=False) as store:
+        honest = _honest(store, scored)
+        _forge(store, scored, answer_keys=honest.answer_keys[:0])
+    code, out, data = _verify(capsys, scored)
+    assert code == 1, out
+    (problem,) = data["score"]
+    assert problem["field"] == "answer_keys" and problem["recorded"] == []
+    assert problem["derived"] == [k.hex() for k in honest.answer_keys]
+    with mc.open(scored.url, create=False) as store:
+        _forge(store, scored, jobs=(honest.answer_keys[0], *honest.jobs[1:]))
+    code, out, data = _verify(capsys, scored)
+    assert code == 1, out
+    assert [p["field"] for p in data["score"]] == ["jobs[0]"], data["score"]
+
+
 def test_two_jobs_of_one_key(capsys: pytest.CaptureFixture[str], scored: Scored) -> None:
     with mc.open(scored.url, create=False) as store:
         honest = _honest(store, scored)

@@ -170,7 +170,11 @@ class _Checker:
     def agent(self, config: ObjectId) -> str:
         name = self.agents.get(config)
         if name is None:
-            name = self.agents[config] = self.store.get(config, AgentConfig).name
+            try:
+                name = self.store.get(config, AgentConfig).name
+            except MedomniError:
+                name = f"config {short(config)}"  # what it is not, derive names
+            self.agents[config] = name
         return name
 
     def job(self, job: JobRecord) -> str:
@@ -194,13 +198,19 @@ class _Checker:
     # -- the checks -----------------------------------------------------------------------
     def run(self) -> None:
         res = self.res
-        jobs = dict(self.store.get_many(dict.fromkeys(res.jobs), JobRecord))
-        records = [(jid, jobs[jid]) for jid in res.jobs]
+        self.check_table()
+        records = []
+        for i, jid in enumerate(res.jobs):
+            try:
+                records.append((jid, self.store.get(jid, JobRecord)))
+            except MedomniError as e:
+                self.problem("link", f"jobs[{i}]: {e}", field=f"jobs[{i}]", job=jid.hex())
+        if len(records) < len(res.jobs):
+            return  # links to what is not a job: nothing is re-derived from them
         basis = self.check_task_sets(records)
         self.check_set_build(records, basis)
         self.check_keys(records)
         self.check_dropped(records)
-        self.check_table()
         mine = [jid for jid, j in records if j.task_set == basis]
         if not mine:
             self.problem("rows", "rows cannot be re-derived: the result links no job")
