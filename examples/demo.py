@@ -70,7 +70,7 @@ def _demo(ws: Workspace, store: Store) -> int:
     t = time.monotonic()
     report = run_set(store, SET, agent, runs_dir=ws.runs, studio=ws.studio)
     for j in report.jobs:
-        _say("run", f"{j.name}: {j.ran} run, {j.skipped} already done")
+        _say("run", f"{j.name}: {j.ran} run, {j.done} already done")
     _say(
         "run",
         f"{report.ran} runs in {time.monotonic() - t:.1f} s "

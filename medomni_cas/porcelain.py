@@ -34,15 +34,16 @@ from medomni_cas.audit.provenance import provenance as audit_provenance
 from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import RunReport, run_set
-from medomni_cas.bench.records import AgentConfig
+from medomni_cas.bench.records import AgentConfig, JobRecord
 from medomni_cas.bench.refnames import result_ref
 from medomni_cas.bench.runners import Runner, get_runner
-from medomni_cas.bench.scorer import Scored, jobs_of, score_jobs, write_results
+from medomni_cas.bench.scorer import Scored, ScoreError, jobs_of, score_jobs, write_results
 from medomni_cas.errors import InvalidName, MedomniError
 from medomni_cas.store import sync
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.store.url import open_store
+from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
 from medomni_cas.studio.build import Built
 from medomni_cas.studio.build import build_pair as studio_build_pair
@@ -415,12 +416,44 @@ def score(
     n_boot: int = 1000,
     seed: int = 0,
     out: str | Path | None = None,
+    allow_partial: bool = False,
+    arms: Sequence[str] | None = None,
 ) -> ScoreReport:
     """Score the recorded jobs of the set, optionally of some agents only (`score_jobs`),
-    move ``results/<set>`` to the result and write results.json/.parquet into ``out``."""
+    move ``results/<set>`` to the result and write results.json/.parquet into ``out``.
+
+    Only the jobs of the arm labels ``arms`` when given. Raises `PartialScore` (nothing
+    written) when a slot of the set (under those arms) has no final run for an agent scored,
+    unless ``allow_partial``: then the result and its rows say partial."""
     view = show_set(store, set_name)
     jobs = jobs_of(store, view.task_set, list(agents) if agents else None)
-    scored = score_jobs(store, jobs, n_boot=n_boot, seed=seed, set_name=set_name)
+    if arms:
+        have = {arm_label(e.arm, e.arm_variant) for e in view.entries}
+        unknown = [a for a in arms if a not in have]
+        if unknown:
+            raise ScoreError(
+                f"task set {set_name} has no arm {unknown[0]!r} (has: {', '.join(sorted(have))})"
+            )
+        chosen = set(arms)
+        jobs = [
+            j
+            for j in jobs
+            if arm_label(store.get(j, JobRecord).arm, store.get(j, JobRecord).arm_variant) in chosen
+        ]
+    if agents:
+        ran = {store.get(store.get(j, JobRecord).agent_config, AgentConfig).name for j in jobs}
+        idle = [a for a in agents if a not in ran]
+        if idle:
+            raise ScoreError(f"task set {set_name} has no recorded job by agent {idle[0]!r}")
+    scored = score_jobs(
+        store,
+        jobs,
+        n_boot=n_boot,
+        seed=seed,
+        set_name=set_name,
+        allow_partial=allow_partial,
+        arms=tuple(arms or ()),
+    )
     files = write_results(scored, Path(out)) if out is not None else ()
     return ScoreReport(scored, tuple(files))
 

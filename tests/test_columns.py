@@ -17,6 +17,7 @@ from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.columns import (
     KEY_COLUMNS,
     PREDICTION_COLUMNS,
+    SLOT_COLUMNS,
     ColumnsError,
     answer_columns,
     arm_rows,
@@ -36,7 +37,7 @@ from medomni_cas.bench.records import (
 )
 from medomni_cas.bench.refnames import answers_ref
 from medomni_cas.bench.runfolders import import_run_folder
-from medomni_cas.bench.scorer import jobs_of, score_jobs
+from medomni_cas.bench.scorer import PartialScore, jobs_of, score_jobs
 from medomni_cas.cli import main
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store.ids import ObjectId
@@ -105,13 +106,15 @@ def test_jobs_that_do_not_line_up_score_the_same(ran: tuple[mc.Store, Path, Obje
     job = store.get(jid, JobRecord)
     expected = _score(store, jid)
     assert all(r.n == 20 and r.value is not None for r in expected)
-    table = read_predictions(store, job)
+    table = read_predictions(store, job, extra=SLOT_COLUMNS)
 
     # the same rows in reverse order: no longer the key's objects, so joined
     reverse = pa.array(range(table.num_rows - 1, -1, -1))
     shuffled = table.take(reverse)
     cols = {
-        c: shuffled[c].combine_chunks() for c in PREDICTION_COLUMNS if c not in ("agent", "arm")
+        c: shuffled[c].combine_chunks()
+        for c in (*PREDICTION_COLUMNS, *SLOT_COLUMNS)
+        if c not in ("agent", "arm")
     }
     other = store.put(PredictionColumns(rows=table.num_rows, columns=put_columns(store, cols)))
     assert (
@@ -120,7 +123,9 @@ def test_jobs_that_do_not_line_up_score_the_same(ran: tuple[mc.Store, Path, Obje
     )
     assert _score(store, _job_with(store, jid, other)) == expected
 
-    # the layout jobs had before: one Arrow blob
+    # the layout jobs had before: one Arrow blob, which says nothing of isolation
+    table = table.select(list(PREDICTION_COLUMNS))
+    expected = [msgspec.structs.replace(r, isolation="") for r in expected]
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
@@ -160,8 +165,12 @@ def test_slots_never_run_are_missing_answers(tmp_path: Path) -> None:
         run_ids = read_column(store, preds.columns["run_id"], "run_id")
         assert run_ids.null_count == 20 - ran_slots
         assert read_predictions(store, job).num_rows == ran_slots
-        (row,) = [r for r in score_jobs(store, jobs_of(store, job.task_set), n_boot=0).record.rows]
+        jobs = jobs_of(store, job.task_set)
+        with pytest.raises(PartialScore, match=f"{20 - ran_slots} of 20 slots never run"):
+            score_jobs(store, jobs, n_boot=0)
+        (row,) = [r for r in score_jobs(store, jobs, n_boot=0, allow_partial=True).record.rows]
         assert row.n == 20 and row.n_missing >= 20 - ran_slots
+        assert row.partial and row.never_run == 20 - ran_slots and row.expected == 20
 
 
 def test_column_blobs_are_checked(ran: tuple[mc.Store, Path, ObjectId]) -> None:

@@ -91,7 +91,10 @@ def test_open_workspace_by_url_has_no_folders(tmp_path: Path) -> None:
         assert preds.column_names == ["set", "job", "job_id", *PREDICTION_COLUMNS]
         results = ws.results()
         assert results.num_rows == 0
-        assert results.column_names[3:] == list(ScoreRow.__struct_fields__)
+        fields = [
+            f for f in ScoreRow.__struct_fields__ if f != "task_set"
+        ]  # the result's, in front
+        assert results.column_names[3:] == fields
         assert isinstance(ws.results_df(), pd.DataFrame)
         with pytest.raises(MedomniError, match="no studio folder"):
             ws.build(SET)
@@ -184,7 +187,9 @@ def test_results_and_result_view(flow: Flow) -> None:
     ws, result = flow.ws, flow.result
     table = ws.results()
     assert table.num_rows == 2
-    assert table.column_names == ["set", "result", "task_set", *ScoreRow.__struct_fields__]
+    rows = [f for f in ScoreRow.__struct_fields__ if f != "task_set"]  # the result's, in front
+    assert table.column_names == ["set", "result", "task_set", *rows]
+    assert table["task_set"].to_pylist() == [flow.built.task_set.hex()] * 2
     assert set(table["result"].to_pylist()) == {result.id.hex()}
     assert ws.results(SET).num_rows == 2 and ws.results("medomni-bench/none").num_rows == 0
     for spec in (SET, f"results/{SET}", result.id.hex(), result.id.hex()[:12], result.id):

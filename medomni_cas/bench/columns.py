@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from medomni_cas.bench.records import (
+    ENCODERS_UNMET,
     AgentConfig,
     AnswerColumns,
     AnswerGroup,
@@ -59,12 +60,14 @@ __all__ = [
     "KEY_COLUMNS",
     "PREDICTION_COLUMNS",
     "PREDICTION_SCHEMA",
+    "SLOT_COLUMNS",
     "ArmRows",
     "ColumnsError",
     "KeyGroup",
     "Truths",
     "answer_columns",
     "arm_rows",
+    "arm_slots",
     "column_bytes",
     "make_answer_columns",
     "prediction_columns",
@@ -78,7 +81,13 @@ __all__ = [
 KEY_COLUMNS = ("atom", "target", "pair")
 
 # A handful of values per job: stored dictionary-encoded (4 bytes a row, not 64 for a hex id).
-_DICTIONARY = frozenset({"target", "pair", "intelligence", "config", "outcome"})
+_DICTIONARY = frozenset(
+    {"target", "pair", "intelligence", "config", "outcome", "status", "runner", "isolation"}
+)
+#: Columns of each key row's slot beyond `PREDICTION_COLUMNS` (jobs recorded before them lack
+#: them): ``status`` is "answered" when the final run's answer is scored, else its outcome or
+#: `ENCODERS_UNMET`; ``runner`` and ``isolation`` are the run's.
+SLOT_COLUMNS = ("status", "runner", "isolation")
 # Constant per job, so kept in the `JobRecord` and not stored as columns.
 _FROM_JOB = ("agent", "arm", "arm_variant", "repetition")
 
@@ -156,6 +165,16 @@ def _build_atoms(store: Store, result: ObjectId) -> tuple[ObjectId, ObjectId, by
     except InvalidObject as e:
         raise InvalidObject(f"build {result}: {e}") from None
     return view.content, view.answer_key, atoms
+
+
+def arm_slots(store: Store, set_build: ObjectId, arm: str, arm_variant: str = "") -> int:
+    """How many atom tasks (run slots of one job) ``arm`` (and rung) has in ``set_build``."""
+    sb = store.get(set_build, SetBuild)
+    return sum(
+        len(_build_atoms(store, e.result)[2]) // 32
+        for e in sb.entries
+        if (e.arm, e.arm_variant) == (arm, arm_variant)
+    )
 
 
 def arm_rows(store: Store, set_build: ObjectId, arm: str, arm_variant: str = "") -> ArmRows:
@@ -247,7 +266,10 @@ def read_or_nulls(
 def prediction_columns(
     store: Store, key: ArmRows, runs: Sequence[RunRecord], intelligence: str
 ) -> PredictionColumns:
-    """A job's final ``runs`` as columns in ``key``'s rows (stored), nulls where none ran."""
+    """A job's final ``runs`` as columns in ``key``'s rows (stored), nulls where none ran.
+
+    The values of a run whose answer is not scored (one that does not meet its arm) are
+    left null, so every reader of the columns scores it as unanswered."""
     by_atom = {r.atom: r for r in runs}
     values: dict[tuple[ObjectId, str], PredictionRecord] = {}
     ids = [p for r in runs for p in r.predictions]
@@ -265,12 +287,19 @@ def prediction_columns(
             "outcome",
             "attempt",
             "scores",
+            *SLOT_COLUMNS,
         )
     }
     for g, atom in key.row_atoms():
         run = by_atom.get(atom)
-        p = values.get((atom, g.target))
+        status: str | None = None if run is None else run.outcome
+        if status == "answered" and run is not None and not run.agent_block.meets_arm:
+            status = ENCODERS_UNMET
+        p = values.get((atom, g.target)) if status == "answered" else None
         v = p.value if p is not None else None
+        cols["status"].append(status)
+        cols["runner"].append(run.runner if run else None)
+        cols["isolation"].append(run.isolation if run else None)
         cols["run_id"].append(run.run_id if run else None)
         cols["slot"].append(run.slot if run else None)
         cols["value_text"].append(v if isinstance(v, str) else None)
@@ -282,20 +311,27 @@ def prediction_columns(
         scores = p.scores if p is not None else None
         cols["scores"].append(msgspec.json.encode(scores).decode() if scores else None)
     arrays = dict(key.arrays)
-    arrays.update({c: pa.array(v, PREDICTION_SCHEMA.field(c).type) for c, v in cols.items()})
+    types = {c: pa.string() for c in SLOT_COLUMNS}
+    arrays.update(
+        {c: pa.array(v, types.get(c) or PREDICTION_SCHEMA.field(c).type) for c, v in cols.items()}
+    )
     return PredictionColumns(rows=key.rows, columns=put_columns(store, arrays))
 
 
-def read_predictions(store: Store, job: JobRecord) -> pa.Table:
-    """A job's predictions with `PREDICTION_COLUMNS`, from either layout: one row per
-    prediction made or, in `PredictionColumns`, per key row that has a run."""
+def read_predictions(store: Store, job: JobRecord, *, extra: Sequence[str] = ()) -> pa.Table:
+    """A job's predictions with `PREDICTION_COLUMNS` (and the ``extra`` of `SLOT_COLUMNS`,
+    null where the job did not record them), from either layout: one row per prediction
+    made or, in `PredictionColumns`, per key row that has a run."""
     record = store.get(job.predictions)
     if isinstance(record, PredictionTable):
         data = store.read_blob(record.table)
         table = pa.ipc.open_stream(pa.BufferReader(data)).read_all()
         if "scores" not in table.column_names:  # tables written before scores were kept
             table = table.append_column("scores", pa.nulls(table.num_rows, pa.string()))
-        return table.select(list(PREDICTION_COLUMNS)).cast(PREDICTION_SCHEMA)
+        table = table.select(list(PREDICTION_COLUMNS)).cast(PREDICTION_SCHEMA)
+        for name in extra:
+            table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
+        return table
     if not isinstance(record, PredictionColumns):
         kind = record.__kind__ if isinstance(record, Record) else type(record).__name__
         raise InvalidObject(f"job {job.name}: predictions {job.predictions} is a {kind}")
@@ -313,7 +349,14 @@ def read_predictions(store: Store, job: JobRecord) -> pa.Table:
             arrays.append(pa.array([constant[field.name]] * n, field.type))
         else:
             arrays.append(read_or_nulls(store, record.columns, field.name, n, field.type))
-    table = pa.Table.from_arrays(arrays, schema=PREDICTION_SCHEMA)
+    schema = PREDICTION_SCHEMA
+    for name in extra:
+        column = read_or_nulls(store, record.columns, name, n, pa.string())
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        arrays.append(column)
+        schema = schema.append(pa.field(name, pa.string()))
+    table = pa.Table.from_arrays(arrays, schema=schema)
     return table.filter(table["run_id"].is_valid())
 
 

@@ -4,7 +4,7 @@ is made here, and nowhere else.
 * `judge_answer`: the harness's verdict on a trial's answer (JSON, the format check, the
   served model), which may turn a runner's "answered" into "malformed" or "agent-failed".
 * `record_trial`: one trial as a run (answer, predictions, encoder call log, logs) and the
-  slot's ref ``runs/slots/<slot>`` moved to it; returns the run's id.
+  slot's ref ``runs/slots/<slot>`` moved to it; returns the run's id and record.
 * `record_job`: a job's final runs as a `JobRecord` with its `PredictionColumns`, and its
   ref ``runs/jobs/<key>``; returns the job's id.
 
@@ -47,7 +47,20 @@ def judge_answer(
 
     Only an "answered" trial is judged: an answer that is not JSON or fails the format check
     is "malformed"; one from another model than the config's served model is "agent-failed".
+    An answer (well-formed or not) that went past a limit of the agent's config (tokens,
+    cost, time) is "over-limit", and does not stand.
     """
+    outcome, values, errors = _judge(spec, trial, agent)
+    if outcome in ("answered", "malformed"):
+        over = _over_limits(trial, agent)
+        if over:
+            return "over-limit", {}, errors + over
+    return outcome, values, errors
+
+
+def _judge(
+    spec: TrialSpec, trial: Trial, agent: AgentConfig
+) -> tuple[Outcome, dict[str, object], list[str]]:
     errors = list(trial.errors)
     if trial.outcome != "answered":
         return trial.outcome, {}, errors
@@ -71,6 +84,23 @@ def judge_answer(
         )
         values = {}
     return outcome, values, errors
+
+
+def _over_limits(trial: Trial, agent: AgentConfig) -> list[str]:
+    """Each limit of ``agent``'s config that ``trial`` went past, as an error."""
+    limits, over = agent.limits, []
+    if (
+        limits.tokens is not None
+        and (trial.tokens_in or 0) + (trial.tokens_out or 0) > limits.tokens
+    ):
+        used = (trial.tokens_in or 0) + (trial.tokens_out or 0)
+        over.append(f"over the token limit: {used} tokens, the limit is {limits.tokens}")
+    if limits.cost_usd is not None and (trial.cost_usd or 0.0) > limits.cost_usd:
+        over.append(f"over the cost limit: ${trial.cost_usd:g}, the limit is ${limits.cost_usd:g}")
+    if limits.time_sec is not None and trial.elapsed_ms > limits.time_sec * 1000:
+        took = trial.elapsed_ms / 1000
+        over.append(f"over the time limit: {took:.1f} s, the limit is {limits.time_sec} s")
+    return over
 
 
 def _value(kind: str, value: object) -> str | float:
@@ -104,9 +134,9 @@ def record_trial(
     trial: Trial,
     task_set: ObjectId,
     previous: ObjectId | None,
-) -> ObjectId:
+) -> tuple[ObjectId, RunRecord]:
     """Record ``trial``, the run of ``spec``'s slot after run ``previous`` (None for its
-    first), and move the slot's ref to it; the run's id."""
+    first), and move the slot's ref to it; the run's id and record."""
     outcome, values, errors = judge_answer(spec, trial, job.agent)
     answer_id = store.put_blob(trial.answer) if trial.answer is not None else None
     run_id = f"{spec.slot.hex()}-{trial.attempt}"
@@ -168,7 +198,7 @@ def record_trial(
     store.refs.set(
         slot_ref(spec.slot), rid, expected=previous, message=f"{outcome} attempt {trial.attempt}"
     )
-    return rid
+    return rid, record
 
 
 def record_job(

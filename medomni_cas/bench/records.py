@@ -370,3 +370,5 @@ class Result(Record, frozen=True, kw_only=True):
     #: Set when some expected slot had no final run and the user allowed it
     #: (``--allow-partial``): the rows say which.
     partial: bool = False
+    #: The arm labels scored when the user chose some (``--arm``); empty: every arm of the set.
+    arms: tuple[str, ...] = ()

@@ -146,4 +146,6 @@ PREDICTION_TABLE_SCHEMA = pa.schema(
     JOB_COLUMNS
     + [(f.name, SCORES_TYPE if f.name == "scores" else f.type) for f in PREDICTION_SCHEMA]
 )
-RESULT_TABLE_SCHEMA = pa.schema(RESULT_COLUMNS + list(SCORE_SCHEMA))
+RESULT_TABLE_SCHEMA = pa.schema(
+    RESULT_COLUMNS + [f for f in SCORE_SCHEMA if f.name != "task_set"]  # the result's, in front
+)

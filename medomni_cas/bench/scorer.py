@@ -27,8 +27,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from medomni_cas.bench.columns import (
+    SLOT_COLUMNS,
     Truths,
     answer_columns,
+    arm_slots,
     read_column,
     read_or_nulls,
     read_predictions,
@@ -47,14 +49,21 @@ from medomni_cas.bench.schemas import SCORE_SCHEMA
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.studio.arms import arm_label
+from medomni_cas.studio.records import SetBuild
 
 __all__ = [
     "SCORER",
     "SCORER_VERSION",
+    "SCORER_VERSIONS",
     "ScoreError",
     "Derived",
+    "Gap",
+    "PartialScore",
     "Scored",
+    "coverage_gaps",
     "derive",
+    "expected_jobs",
     "jobs_of",
     "prediction_table",
     "rows_table",
@@ -63,11 +72,50 @@ __all__ = [
 ]
 
 SCORER = "medomni-scorer"
-SCORER_VERSION = "1.0.0"
+SCORER_VERSION = "1.1.0"
+#: Versions `derive` computes: 1.0.0 rows had no coverage fields (a result it wrote still
+#: verifies); 1.1.0 adds them, the task set hash, and rows for jobs never recorded.
+SCORER_VERSIONS = ("1.0.0", "1.1.0")
 
 
 class ScoreError(MedomniError, ValueError):
     """Jobs that cannot be scored together, or nothing to score."""
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Slots a score would need that have no final run: of a recorded job, or of a job
+    (arm, rung, repetition) never recorded (``job`` None)."""
+
+    agent: str
+    arm: str
+    arm_variant: str
+    repetition: int
+    expected: int
+    never_run: int
+    job: ObjectId | None
+
+    def __str__(self) -> str:
+        where = f"{self.agent} {arm_label(self.arm, self.arm_variant)} r{self.repetition}"
+        if self.job is None:
+            return f"{where}: no job recorded ({self.expected} slots never run)"
+        return f"{where}: {self.never_run} of {self.expected} slots never run"
+
+
+class PartialScore(MedomniError):
+    """Some slot the score needs has no final run, and a partial score was not allowed;
+    nothing was written. ``gaps`` names each job."""
+
+    def __init__(self, gaps: Sequence[Gap]) -> None:
+        self.gaps = list(gaps)
+        slots = sum(g.never_run for g in gaps)
+        shown = "\n  ".join(str(g) for g in gaps[:20])
+        more = f"\n  ... and {len(gaps) - 20} more" if len(gaps) > 20 else ""
+        super().__init__(
+            f"{slots} slot(s) the score needs have no final run; nothing was scored:\n  "
+            f"{shown}{more}\nrun them (`medomni bench run`; run it again after sharded runs "
+            "to record each job whole), or score what there is with --allow-partial"
+        )
 
 
 def prediction_table(store: Store, job: JobRecord) -> pa.Table:
@@ -139,6 +187,13 @@ class _Predictions:
     attempt: pa.Array | None
     scores: pa.Array | None
     config: pa.Array | None  # the runs' config hashes; None when they are the key's own
+    status: pa.Array  # each row's slot: "answered", why not, or null when it never ran
+    runner: pa.Array | None = None  # None in jobs recorded before runs said
+    isolation: pa.Array | None = None
+
+
+def _plain(array: pa.Array) -> pa.Array:
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
 
 
 def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Predictions:
@@ -155,20 +210,36 @@ def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Prediction
         numeric = any(g.numeric for g in key.groups)
         text = not all(g.numeric for g in key.groups)
 
-        def column(name: str, needed: bool) -> pa.Array | None:
+        def column(name: str, needed: bool = True) -> pa.Array | None:
             blob = record.columns.get(name) if needed else None
-            return None if blob is None else read_column(store, blob, name)
+            return None if blob is None else _plain(read_column(store, blob, name))
 
+        status = column("status") or column("outcome")  # jobs before status: the outcome
         return _Predictions(
             column("value_text", text),
             column("value_num", numeric),
-            column("attempt", True),
+            column("attempt"),
             column("scores", text),
             None,
+            status if status is not None else pa.nulls(key.rows, pa.string()),
+            column("runner"),
+            column("isolation"),
         )
-    table = read_predictions(store, job)
+    table = read_predictions(store, job, extra=SLOT_COLUMNS)
     joined = answers.key(store).join(
-        table.select(["atom", "target", "value_text", "value_num", "attempt", "scores", "config"]),
+        table.select(
+            [
+                "atom",
+                "target",
+                "value_text",
+                "value_num",
+                "attempt",
+                "scores",
+                "config",
+                "outcome",
+                *SLOT_COLUMNS,
+            ]
+        ),
         keys=["atom", "target"],
         join_type="left outer",
     )
@@ -177,15 +248,28 @@ def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Prediction
     joined = joined.sort_by("row")  # back in the answers' order, which the groups index
 
     def joined_column(name: str) -> pa.Array:
-        return joined[name].combine_chunks()
+        return _plain(joined[name].combine_chunks())
 
+    status = joined_column("status")
+    if status.null_count == len(status):
+        status = joined_column("outcome")
+    runner = joined_column("runner")
+    isolation = joined_column("isolation")
     return _Predictions(
         joined_column("value_text"),
         joined_column("value_num"),
         joined_column("attempt"),
         joined_column("scores"),
         joined_column("config"),
+        status,
+        None if runner.null_count == len(runner) else runner,
+        None if isolation.null_count == len(isolation) else isolation,
     )
+
+
+def _never_run(rows: int) -> _Predictions:
+    """The columns of a job that was never recorded: every row's slot never ran."""
+    return _Predictions(None, None, None, None, None, pa.nulls(rows, pa.string()))
 
 
 @dataclass(frozen=True)
@@ -207,6 +291,68 @@ class Derived:
     answer_columns: tuple[ObjectId, ...]
 
 
+def expected_jobs(
+    store: Store, records: Sequence[JobRecord], arms: Sequence[str] = ()
+) -> set[tuple[ObjectId, str, str, int]]:
+    """The jobs a complete score of ``records`` needs, as (agent config, arm, arm variant,
+    repetition): every arm (and rung) of the set build, or those of the arm labels
+    ``arms``, for each agent and repetition the records hold."""
+    if not records:
+        return set()
+    build = store.get(records[-1].set_build, SetBuild)
+    every = dict.fromkeys((e.arm, e.arm_variant) for e in build.entries)
+    chosen = set(arms)
+    wanted = [a for a in every if not chosen or arm_label(*a) in chosen]
+    reps: dict[ObjectId, set[int]] = {}
+    for r in records:
+        reps.setdefault(r.agent_config, set()).add(r.repetition)
+    return {(agent, *arm, rep) for agent, rs in reps.items() for arm in wanted for rep in rs}
+
+
+def coverage_gaps(store: Store, jobs: Sequence[ObjectId], arms: Sequence[str] = ()) -> list[Gap]:
+    """Every job of ``jobs`` with slots never run, and every job a complete score needs
+    (`expected_jobs` of the arm labels ``arms``, default all) that is not among them: read
+    from the job records alone."""
+    records = [store.get(j, JobRecord) for j in jobs]
+    if not records:
+        return []
+    names: dict[ObjectId, str] = {}
+
+    def name(agent: ObjectId) -> str:
+        if agent not in names:
+            names[agent] = store.get(agent, AgentConfig).name
+        return names[agent]
+
+    sizes: dict[tuple[ObjectId, str, str], int] = {}
+
+    def size(build: ObjectId, arm: str, variant: str) -> int:
+        if (build, arm, variant) not in sizes:
+            sizes[(build, arm, variant)] = arm_slots(store, build, arm, variant)
+        return sizes[(build, arm, variant)]
+
+    gaps = []
+    for jid, r in zip(jobs, records, strict=True):
+        expected = size(r.set_build, r.arm, r.arm_variant)
+        if len(r.runs) < expected:
+            gaps.append(
+                Gap(
+                    name(r.agent_config),
+                    r.arm,
+                    r.arm_variant,
+                    r.repetition,
+                    expected,
+                    expected - len(r.runs),
+                    jid,
+                )
+            )
+    have = {(r.agent_config, r.arm, r.arm_variant, r.repetition) for r in records}
+    build = records[-1].set_build
+    for agent, arm, variant, rep in sorted(expected_jobs(store, records, arms) - have):
+        expected = size(build, arm, variant)
+        gaps.append(Gap(name(agent), arm, variant, rep, expected, expected, None))
+    return gaps
+
+
 def derive(
     store: Store,
     jobs: Sequence[ObjectId],
@@ -214,9 +360,21 @@ def derive(
     n_boot: int = 1000,
     seed: int = 0,
     scorer_version: str = SCORER_VERSION,
+    arms: Sequence[str] = (),
 ) -> Derived:
     """Score ``jobs`` (all of one task set) without storing a result (the answer columns it
-    needs are made and kept, as they are derived objects)."""
+    needs are made and kept, as they are derived objects).
+
+    ``arms`` (arm labels; default all) are those a complete score covers: a job of them
+    never recorded gets rows of slots never run. ``scorer_version`` "1.0.0" gives the rows
+    that version wrote (no coverage fields, no rows for jobs never recorded), so that
+    ``audit verify`` can re-derive its results."""
+    if scorer_version not in SCORER_VERSIONS:
+        raise ScoreError(
+            f"scorer version {scorer_version!r} is not one this scorer can compute "
+            f"(it computes {', '.join(SCORER_VERSIONS)})"
+        )
+    legacy = scorer_version == "1.0.0"
     if not jobs:
         raise ScoreError("no jobs to score: run the set first (`medomni bench run`)")
     records = [store.get(j, JobRecord) for j in jobs]
@@ -231,17 +389,40 @@ def derive(
     answers: dict[tuple[ObjectId, str, str], _Answers] = {}
     truths: Truths = {}  # answer keys read for one arm, for the next
     rows: list[ScoreRow] = []
+    task_set = records[0].task_set
+    set_build = records[-1].set_build
+
+    def arm_answers(build: ObjectId, arm: str, variant: str) -> _Answers:
+        if (build, arm, variant) not in answers:
+            answers[(build, arm, variant)] = _answers(store, build, arm, variant, truths)
+        return answers[(build, arm, variant)]
+
     for job in records:
-        arm = (job.set_build, job.arm, job.arm_variant)
-        if arm not in answers:
-            answers[arm] = _answers(store, *arm, truths)
-        preds = _predictions(store, job, answers[arm])
-        rows += _rows(answers[arm], preds, names[job.agent_config], job, n_boot, seed)
+        a = arm_answers(job.set_build, job.arm, job.arm_variant)
+        preds = _predictions(store, job, a)
+        rows += _rows(
+            a,
+            preds,
+            names[job.agent_config],
+            job.arm,
+            job.arm_variant,
+            job.runner,
+            n_boot,
+            seed,
+            legacy,
+        )
+    if not legacy:
+        have = {(r.agent_config, r.arm, r.arm_variant, r.repetition) for r in records}
+        for agent, arm, variant, _rep in sorted(expected_jobs(store, records, arms) - have):
+            a = arm_answers(set_build, arm, variant)
+            never = _never_run(a.record.rows)
+            rows += _rows(a, never, names[agent], arm, variant, "", n_boot, seed, legacy)
+        rows = [msgspec.structs.replace(r, task_set=task_set.hex()) for r in _flag_runs(rows)]
     rows = sorted(_flag(rows), key=lambda r: (r.agent, r.arm, r.arm_variant, r.pair, r.target))
     answer_keys = dict.fromkeys(k for a in answers.values() for k in a.record.answer_keys)
     return Derived(
-        task_set=records[0].task_set,
-        set_build=records[-1].set_build,
+        task_set=task_set,
+        set_build=set_build,
         rows=tuple(rows),
         answer_keys=tuple(answer_keys),
         answer_columns=tuple(a.id for a in answers.values()),
@@ -255,9 +436,20 @@ def score_jobs(
     n_boot: int = 1000,
     seed: int = 0,
     set_name: str | None = None,
+    allow_partial: bool = False,
+    arms: Sequence[str] = (),
 ) -> Scored:
-    """Score ``jobs`` (all of one task set) into a stored `Result`."""
-    d = derive(store, jobs, n_boot=n_boot, seed=seed)
+    """Score ``jobs`` (all of one task set) into a stored `Result`.
+
+    A score needs a final run of every slot of every arm for each agent and repetition
+    scored (or of the arm labels ``arms``, when the caller chose some: then ``jobs`` must
+    be of those arms): `PartialScore` (nothing written, no ref moved) names the gaps,
+    unless ``allow_partial``; then the result and its rows with gaps say ``partial``."""
+    arms = tuple(sorted(set(arms)))
+    gaps = coverage_gaps(store, jobs, arms)
+    if gaps and not allow_partial:
+        raise PartialScore(gaps)
+    d = derive(store, jobs, n_boot=n_boot, seed=seed, arms=arms)
     table = rows_table(d.rows)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
@@ -273,6 +465,8 @@ def score_jobs(
         rows=d.rows,
         table=store.put_blob(sink.getvalue()),
         answer_columns=d.answer_columns,
+        partial=any(r.partial for r in d.rows),
+        arms=arms,
     )
     rid = store.put(result)
     if set_name is not None:
@@ -282,8 +476,35 @@ def score_jobs(
     return Scored(rid, result, table)
 
 
+def _mixed(values: pa.Array | None, default: str) -> str:
+    """The one value of ``values`` (nulls aside), or "mixed: a, b" when there are more."""
+    if values is None:
+        return default
+    seen = sorted(v for v in pc.unique(values).to_pylist() if v is not None)
+    if not seen:
+        return default
+    return seen[0] if len(seen) == 1 else "mixed: " + ", ".join(seen)
+
+
+def _coverage(status: pa.Array) -> tuple[int, dict[str, int], int]:
+    """A group's slots: answered, unanswered by outcome, never run."""
+    counts = {c["values"]: c["counts"] for c in pc.value_counts(status).to_pylist()}
+    never = status.null_count
+    counts.pop(None, None)
+    answered = counts.pop("answered", 0)
+    return answered, dict(sorted(counts.items())), never
+
+
 def _rows(
-    answers: _Answers, preds: _Predictions, agent: str, job: JobRecord, n_boot: int, seed: int
+    answers: _Answers,
+    preds: _Predictions,
+    agent: str,
+    arm: str,
+    arm_variant: str,
+    runner: str,
+    n_boot: int,
+    seed: int,
+    legacy: bool,
 ) -> list[ScoreRow]:
     out = []
     for g in sorted(answers.record.groups, key=lambda g: (g.pair, g.target)):
@@ -294,6 +515,8 @@ def _rows(
             truth, pred = answers.truth_text, preds.value_text
         truth = truth.slice(g.start, n)
         pred = pa.nulls(n, truth.type) if pred is None else pred.slice(g.start, n)
+        status = preds.status.slice(g.start, n)
+        ran = status.null_count < n
         m = metric_score(g.metric, truth, pred, n_boot=n_boot, seed=seed)
         configs = {g.config.hex()}
         if preds.config is not None:
@@ -302,28 +525,53 @@ def _rows(
         attempts = 0
         if preds.attempt is not None:
             attempts = pc.sum(preds.attempt.slice(g.start, n)).as_py() or 0
-        out.append(
-            ScoreRow(
-                agent=agent,
-                arm=job.arm,
-                arm_variant=job.arm_variant,
-                pair=g.pair,
-                target=g.target,
-                metric=g.metric,
-                value=m.value,
-                ci_low=m.ci_low,
-                ci_high=m.ci_high,
-                n=m.n,
-                n_missing=m.n_missing,
-                config=ordered[0],
-                config_flag=(
-                    f"runs of {len(ordered)} config hashes: " + ", ".join(c[:12] for c in ordered)
-                    if len(ordered) > 1
-                    else ""
-                ),
-                attempts=int(attempts),
-            )
+        row = ScoreRow(
+            agent=agent,
+            arm=arm,
+            arm_variant=arm_variant,
+            pair=g.pair,
+            target=g.target,
+            metric=g.metric,
+            value=m.value,
+            ci_low=m.ci_low,
+            ci_high=m.ci_high,
+            n=m.n,
+            n_missing=m.n_missing,
+            config=ordered[0],
+            config_flag=(
+                f"runs of {len(ordered)} config hashes: " + ", ".join(c[:12] for c in ordered)
+                if len(ordered) > 1
+                else ""
+            ),
+            attempts=int(attempts),
         )
+        if not legacy:
+            answered, unanswered, never = _coverage(status)
+            runners = _mixed(
+                None if preds.runner is None else preds.runner.slice(g.start, n), runner
+            )
+            isolation = _mixed(
+                None if preds.isolation is None else preds.isolation.slice(g.start, n), ""
+            )
+            mixed = [f"runners {runners[7:]}"] if runners.startswith("mixed: ") else []
+            if isolation.startswith("mixed: "):
+                mixed.append(f"isolation {isolation[7:]}")
+            row = msgspec.structs.replace(
+                row,
+                expected=n,
+                answered=answered,
+                unanswered=unanswered,
+                never_run=never,
+                partial=never > 0,
+                runner=runners if ran else "",
+                isolation=isolation if ran else "",
+                run_flag="runs of " + " and ".join(mixed) if mixed else "",
+            )
+            if not ran:  # no run at all: no score, not a score of zero
+                row = msgspec.structs.replace(
+                    row, value=None, ci_low=None, ci_high=None, n=0, n_missing=n
+                )
+        out.append(row)
         scores = preds.scores
         if not g.numeric and scores is not None:
             scores = scores.slice(g.start, n)
@@ -372,6 +620,25 @@ def _flag(rows: list[ScoreRow]) -> list[ScoreRow]:
     return out
 
 
+def _flag_runs(rows: list[ScoreRow]) -> list[ScoreRow]:
+    """Flag rows whose runner or isolation differs from another row of the same pair and
+    arm: their scores were not made under the same conditions."""
+    by: dict[tuple[str, str, str, str], set[tuple[str, str]]] = {}
+    for r in rows:
+        if r.runner:  # rows that never ran have no conditions to compare
+            by.setdefault((r.arm, r.arm_variant, r.pair, r.target), set()).add(
+                (r.runner, r.isolation)
+            )
+    out = []
+    for r in rows:
+        others = by.get((r.arm, r.arm_variant, r.pair, r.target), set()) - {(r.runner, r.isolation)}
+        if r.runner and others and not r.run_flag:
+            shown = ", ".join(f"{ru} ({iso or 'isolation unknown'})" for ru, iso in sorted(others))
+            r = msgspec.structs.replace(r, run_flag=f"other rows ran on {shown}")
+        out.append(r)
+    return out
+
+
 def rows_table(rows: Sequence[ScoreRow]) -> pa.Table:
     """A result's rows as the table its Parquet blob holds (`SCORE_SCHEMA`)."""
     data = {f: [getattr(r, f) for r in rows] for f in SCORE_SCHEMA.names}
@@ -387,6 +654,8 @@ def write_results(scored: Scored, folder: Path) -> tuple[Path, Path]:
         "scorer": f"{scored.record.scorer} {scored.record.scorer_version}",
         "n_boot": scored.record.n_boot,
         "seed": scored.record.seed,
+        "partial": scored.record.partial,
+        "arms": list(scored.record.arms),
         "rows": msgspec.to_builtins(scored.record.rows),
     }
     j = folder / "results.json"

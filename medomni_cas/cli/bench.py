@@ -9,9 +9,10 @@ import argparse
 import sys
 
 from medomni_cas import porcelain
-from medomni_cas.bench.harness import CheckFailed
+from medomni_cas.bench.harness import RERUNS, CheckFailed, JobReport
 from medomni_cas.bench.runfolders import import_run_folder
 from medomni_cas.bench.runners import runner_names
+from medomni_cas.bench.scorer import PartialScore
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -62,6 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 max_attempts=args.max_attempts,
                 budget=args.budget,
                 shard=args.shard,
+                rerun=args.rerun,
+                fail_fast=args.fail_fast,
             )
         except CheckFailed as e:
             sys.stderr.write(f"medomni: {e}\n")
@@ -70,32 +73,65 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_PROBLEM
     for notice in report.notices:
         sys.stderr.write(f"medomni: {notice}\n")
+    jobs = [{**to_builtins(j.__dict__), "complete": j.complete} for j in report.jobs]
     data = {
         "task_set": report.task_set,
         "agent_config": report.agent_config,
-        "jobs": [to_builtins(j.__dict__) for j in report.jobs],
+        "complete": report.complete,
+        "jobs": jobs,
     }
-    lines = [
-        f"{j.name}: {j.ran} run, {j.skipped} already done"
-        + (
-            f", {j.infra_errors} infrastructure errors (run again to retry)"
-            if j.infra_errors
-            else ""
-        )
-        for j in report.jobs
-    ]
+    lines = [_job_line(j) for j in report.jobs]
+    for j in report.jobs:
+        if j.stopped:
+            lines.append(f"{j.name}: stopped after {args.fail_fast} runs failed alike: {j.stopped}")
     lines.append(f"{report.ran} runs in {len(report.jobs)} jobs")
+    if not report.complete:
+        lines.append("not every slot asked for has a final run with an answer (see above): exit 1")
     emit(args, to_builtins(data), lines)
-    return EXIT_OK
+    return EXIT_OK if report.complete else EXIT_PROBLEM
+
+
+def _job_line(j: JobReport) -> str:
+    parts = [f"{j.ran} run now", f"{j.done} already done"]
+    if j.held:
+        who = sorted(set(j.held))
+        parts.append(f"{len(j.held)} held by another harness ({', '.join(who[:3])})")
+    if j.outside_shard:
+        parts.append(f"{j.outside_shard} outside this shard")
+    if j.never_run:
+        parts.append(f"{j.never_run} never run")
+    failed = {o: n for o, n in j.outcomes.items() if o != "answered"}
+    if failed:
+        parts.append("without an answer: " + ", ".join(f"{n} {o}" for o, n in failed.items()))
+    unmet = j.unanswered - sum(failed.values())
+    if unmet:
+        parts.append(f"{unmet} answered without the encoders the arm requires")
+    if j.infra_errors:
+        parts.append(f"{j.infra_errors} infrastructure errors now (run again to retry)")
+    return f"{j.name}: " + ", ".join(parts)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Score the set's recorded runs; write results.json and results.parquet."""
     out = workspace_folders().results(args.name, args.out)
     with open_store(args) as store:
-        report = porcelain.score(
-            store, args.name, agents=args.agent, n_boot=args.n_boot, seed=args.seed, out=out
-        )
+        try:
+            report = porcelain.score(
+                store,
+                args.name,
+                agents=args.agent,
+                n_boot=args.n_boot,
+                seed=args.seed,
+                out=out,
+                allow_partial=args.allow_partial,
+                arms=args.arm,
+            )
+        except PartialScore as e:
+            sys.stderr.write(f"medomni: {e}\n")
+            if json_mode(args):
+                gaps = [to_builtins(g.__dict__) for g in e.gaps]
+                emit(args, {"error": {"type": "PartialScore", "gaps": gaps}}, "")
+            return EXIT_PROBLEM
     rows = report.scored.record.rows
     head = (
         f"{'agent':<16} {'arm':<24} {'pair':<32} {'target':<12} {'metric':<10} {'value':>7}  95% CI"
@@ -103,15 +139,29 @@ def cmd_score(args: argparse.Namespace) -> int:
     lines = [head]
     for r in rows:
         arm = arm_label(r.arm, r.arm_variant)
+        unanswered = sum(r.unanswered.values())
         lines.append(
             f"{r.agent:<16} {arm:<24} {r.pair:<32} {r.target:<12} {r.metric:<10} "
             f"{format_value(r.value):>7}  [{format_value(r.ci_low)}, {format_value(r.ci_high)}]"
             + (f"  n={r.n}" + (f" missing={r.n_missing}" if r.n_missing else ""))
+            + (f"  PARTIAL: {r.never_run} of {r.expected} never run" if r.partial else "")
+            + (
+                "  unanswered: " + ", ".join(f"{n} {o}" for o, n in r.unanswered.items())
+                if unanswered
+                else ""
+            )
             + (f"  ! {r.config_flag}" if r.config_flag else "")
+            + (f"  ! {r.run_flag}" if r.run_flag else "")
         )
     paths = report.files
-    lines.append(f"result {report.result.hex()} -> {paths[0]}, {paths[1]}")
-    data = {"result": report.result, "files": [str(p) for p in paths], "rows": list(rows)}
+    partial = " (PARTIAL: some slots never ran)" if report.scored.record.partial else ""
+    lines.append(f"result {report.result.hex()}{partial} -> {paths[0]}, {paths[1]}")
+    data = {
+        "result": report.result,
+        "partial": report.scored.record.partial,
+        "files": [str(p) for p in paths],
+        "rows": list(rows),
+    }
     emit(args, to_builtins(data), lines)
     return EXIT_OK
 
@@ -164,6 +214,21 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=3,
         help="runs per slot when the infrastructure fails (default 3)",
     )
+    r.add_argument(
+        "--rerun",
+        choices=RERUNS,
+        help="run the chosen slots again, a new attempt linked from the last: infra "
+        "(infrastructure errors), failed (also agent-failed, timeout), unanswered (every "
+        "slot without a scored answer) or all",
+    )
+    r.add_argument(
+        "--fail-fast",
+        type=int,
+        default=5,
+        metavar="K",
+        help="stop a job when its first K runs all end without an answer with the same "
+        "error (default 5; 0: never)",
+    )
     r.add_argument("--budget", type=int, default=8, help="encoder calls per atom task")
     r.add_argument(
         "--shard",
@@ -178,11 +243,22 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("name", metavar="BENCHMARK/SET")
     s.add_argument("--agent", action="append", help="only this agent config (repeatable)")
     s.add_argument(
+        "--arm",
+        action="append",
+        metavar="ARM",
+        help="score only this arm (repeatable; default: every arm of the set)",
+    )
+    s.add_argument(
         "--out",
         metavar="DIR",
         help="where results.json/.parquet go (default: results/<set>/ in the workspace)",
     )
     s.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    s.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="score even when some slots have no final run (the rows say partial)",
+    )
     s.add_argument("--seed", type=int, default=0)
 
     i = add_command(verbs, "import", cmd_import, "read a run folder into the store")

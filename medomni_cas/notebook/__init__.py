@@ -229,7 +229,9 @@ class WorkspaceView:
     ) -> RunReport:
         """Check the set, then run every slot without a run: ``agent`` is a config, its
         name under ``bench/agents/`` or a path to its YAML file. ``options`` go to
-        `run_set` (``reps``, ``accept_conditions``, ``max_attempts``, ``budget``…)."""
+        `run_set` (``reps``, ``accept_conditions``, ``max_attempts``, ``budget``,
+        ``rerun``, ``fail_fast``…). The report's ``complete`` says whether every slot
+        asked for has a final run with an answer; each job's counts say where the rest are."""
         return porcelain.run(
             self.store,
             set_name,
@@ -252,11 +254,22 @@ class WorkspaceView:
         n_boot: int = 1000,
         seed: int = 0,
         out: str | Path | None = None,
+        arms: Sequence[str] | None = None,
+        allow_partial: bool = False,
     ) -> ResultView:
-        """Score the recorded jobs of the set, move ``results/<set>`` to the result, and
-        write results.json/.parquet into ``out`` if given."""
+        """Score the recorded jobs of the set (of some ``arms`` only, if given), move
+        ``results/<set>`` to the result, and write results.json/.parquet into ``out`` if
+        given. Raises `PartialScore` when a slot has no final run, unless ``allow_partial``
+        (then the result and its rows say partial)."""
         report = porcelain.score(
-            self.store, set_name, agents=agents, n_boot=n_boot, seed=seed, out=out
+            self.store,
+            set_name,
+            agents=agents,
+            n_boot=n_boot,
+            seed=seed,
+            out=out,
+            arms=arms,
+            allow_partial=allow_partial,
         )
         return self.result(report.result)
 

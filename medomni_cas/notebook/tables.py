@@ -289,9 +289,25 @@ def predictions_table(store: Store, jobs: Sequence[Job]) -> pa.Table:
 
 # -- results -------------------------------------------------------------------------------------
 def results_table(results: Iterable[tuple[str, ObjectId, ObjectId, pa.Table]]) -> pa.Table:
-    """Score rows of (set name, result id, task set, rows) one after the other."""
-    tables = [
-        prepend(rows, RESULT_COLUMNS, [name, rid.hex(), task_set.hex()])
-        for name, rid, task_set, rows in results
+    """Score rows of (set name, result id, task set, rows) one after the other, in
+    `RESULT_TABLE_SCHEMA` (rows of older scorers get the columns they lacked, null)."""
+    tables = []
+    for name, rid, task_set, rows in results:
+        if "task_set" in rows.column_names:  # the rows' own (scorer 1.1.0): the result's too
+            rows = rows.drop_columns(["task_set"])
+        tables.append(prepend(rows, RESULT_COLUMNS, [name, rid.hex(), task_set.hex()]))
+    if not tables:
+        return RESULT_TABLE_SCHEMA.empty_table()
+    return pa.concat_tables(
+        [_conform(t, RESULT_TABLE_SCHEMA) for t in tables], promote_options="none"
+    )
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``'s columns and order, a column it lacks null throughout."""
+    n = table.num_rows
+    columns = [
+        table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type)
+        for f in schema
     ]
-    return concat(tables, RESULT_TABLE_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=schema)

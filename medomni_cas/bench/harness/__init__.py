@@ -22,6 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal, NamedTuple, get_args
+
+import msgspec
 
 from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
 from medomni_cas.bench.harness.checks import (
@@ -34,14 +37,16 @@ from medomni_cas.bench.harness.claims import claim, release, sweep
 from medomni_cas.bench.recording import record_job, record_trial
 from medomni_cas.bench.records import (
     AGENT_OUTCOMES,
+    ENCODERS_UNMET,
+    OUTCOMES,
     AgentConfig,
     JobRecord,
     RunRecord,
     slot_digests,
 )
-from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, job_name_ref, job_ref
+from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, claim_ref, job_name_ref, job_ref
 from medomni_cas.bench.runfolders import write_run_folder
-from medomni_cas.bench.runners import Job, Runner, TrialSpec, get_runner
+from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, id_from_digest
@@ -52,9 +57,12 @@ from medomni_cas.studio.tasksets import SetView, show_set
 
 __all__ = [
     "PREDICTION_COLUMNS",
+    "RERUNS",
     "CheckFailed",
     "JobReport",
+    "Rerun",
     "RunReport",
+    "RunState",
     "check_posix_permissions",
     "job_ref",
     "run_set",
@@ -64,15 +72,54 @@ __all__ = [
 Progress = Callable[[str, int, int], None]  # (job name, slots done, slots in the job)
 
 
+#: What ``--rerun`` runs again: a new attempt of each chosen slot, linked from its last.
+Rerun = Literal["infra", "failed", "unanswered", "all"]
+RERUNS: tuple[Rerun, ...] = get_args(Rerun)
+#: The final outcomes each ``--rerun`` choice runs again ("unanswered" also takes an answer
+#: that does not meet its arm, and "all" every slot with a run).
+_RERUN_OUTCOMES: dict[str, frozenset[str]] = {
+    "infra": frozenset({"infra-error"}),
+    "failed": frozenset({"infra-error", "agent-failed", "timeout"}),
+    "unanswered": frozenset(OUTCOMES) - {"answered"},
+    "all": frozenset(OUTCOMES),
+}
+
+
 @dataclass
 class JobReport:
+    """One job of a `run_set` call: what it was asked to run and where each slot stands.
+
+    Every slot of the job is counted once: ``outside_shard``, or in scope; a slot in scope
+    ran now (``ran``), was ``done`` before (a final run this call did not redo), is ``held``
+    by another live harness, or was never run (the job stopped early, or gave up on an
+    infrastructure error). ``outcomes`` counts the final runs in scope by outcome, after
+    this call; ``unanswered`` those without a scored answer (any outcome but "answered",
+    and answers that do not meet the arm).
+    """
+
     name: str
     job: ObjectId
     folder: Path
     slots: int
     ran: int
-    skipped: int
-    infra_errors: int
+    done: int = 0
+    held: list[str] = field(default_factory=list)  # "<host> pid <pid>" of each held slot
+    outside_shard: int = 0
+    never_run: int = 0
+    unanswered: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    infra_errors: int = 0  # runs of this call that ended in an infrastructure error
+    stopped: str = ""  # why the job stopped early (``fail_fast``), else ""
+
+    @property
+    def skipped(self) -> int:
+        """Slots in scope not run by this call because they were done before."""
+        return self.done
+
+    @property
+    def complete(self) -> bool:
+        """Every slot in scope has a final run with a scored answer."""
+        return not (self.unanswered or self.never_run or self.held or self.stopped)
 
 
 @dataclass
@@ -86,6 +133,11 @@ class RunReport:
     def ran(self) -> int:
         return sum(j.ran for j in self.jobs)
 
+    @property
+    def complete(self) -> bool:
+        """Every slot asked for has a final run with a scored answer: `bench run` exits 0."""
+        return all(j.complete for j in self.jobs)
+
 
 @dataclass
 class _Planned:
@@ -95,9 +147,15 @@ class _Planned:
     previous: dict[ObjectId, ObjectId | None]  # slot to run -> its latest run
     slots: list[bytes]  # every slot of the job, in the arm's atom order
     rows: ArmRows
+    scope: list[bytes]  # the slots this call is asked for (its shard's)
+    done: int  # slots in scope with a final run this call does not redo
 
 
 # -- resume -----------------------------------------------------------------------------------
+class _BlockState(msgspec.Struct):
+    meets_arm: bool = True
+
+
 class _RunState(encoding.View):
     """What resume reads of a run record; the other fields are skipped undecoded."""
 
@@ -106,18 +164,49 @@ class _RunState(encoding.View):
 
     outcome: str
     attempt: int
+    agent_block: _BlockState
 
 
-def run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, tuple[str, int]]:
-    """Each run's (outcome, attempt), read from its verified bytes: all resume needs."""
+class RunState(NamedTuple):
+    """A run as resume and the job report see it."""
+
+    outcome: str
+    attempt: int
+    meets_arm: bool
+
+    @property
+    def answered(self) -> bool:
+        """The run gave an answer the scorer counts."""
+        return self.outcome == "answered" and self.meets_arm
+
+    @property
+    def status(self) -> str:
+        """ "answered", the outcome, or `ENCODERS_UNMET` for an answer off its arm."""
+        if self.outcome == "answered" and not self.meets_arm:
+            return ENCODERS_UNMET
+        return self.outcome
+
+
+def run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, RunState]:
+    """Each run's outcome, attempt and whether it met its arm, read from its verified
+    bytes: all resume and the report need."""
     out = {}
     for rid, data in store.get_raw_many(runs):  # verified bytes (never None: no allow_missing)
         try:
             state = encoding.decode_view(data, _RunState)
         except InvalidObject as e:
             raise MedomniError(f"run slot points at {rid}: {e}") from None
-        out[rid] = (state.outcome, state.attempt)
+        out[rid] = RunState(state.outcome, state.attempt, state.agent_block.meets_arm)
     return out
+
+
+def _redo(state: RunState, rerun: Rerun | None, max_attempts: int) -> bool:
+    """Whether a slot whose final run is ``state`` runs again."""
+    if rerun is not None:
+        return state.outcome in _RERUN_OUTCOMES[rerun] or (
+            rerun in ("unanswered", "all") and not state.answered
+        )
+    return state.outcome not in AGENT_OUTCOMES and state.attempt < max_attempts
 
 
 def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
@@ -153,15 +242,29 @@ def run_set(
     claim_timeout: float = 6 * 3600.0,
     progress: Progress | None = None,
     shard: tuple[int, int] | None = None,
+    rerun: Rerun | None = None,
+    fail_fast: int = 5,
 ) -> RunReport:
     """Check the set, then run what has not run yet; see the module docstring.
 
     ``shard=(i, n)`` runs only the slots whose id falls in shard i of n, so machines can
     share a set on one store; each writes its jobs' records, and a last unsharded run (which
     finds every slot done) records every job whole.
+
+    ``rerun`` runs a new attempt of the chosen slots even when their final run is the
+    agent's own outcome: "infra" (infrastructure errors, past ``max_attempts`` too),
+    "failed" (also agent-failed and timeout), "unanswered" (every run without a scored
+    answer) or "all". ``fail_fast=K`` stops a job whose first K runs of this call all ended
+    without an answer with the same error (0: never).
     """
     if reps < 1:
         raise MedomniError(f"--reps must be at least 1, got {reps}")
+    if rerun is not None and rerun not in RERUNS:
+        raise MedomniError(f"--rerun {rerun!r}: want one of {', '.join(RERUNS)}")
+    if fail_fast < 0:
+        raise MedomniError(f"--fail-fast must be 0 (off) or more, got {fail_fast}")
+    if max_attempts < 1:
+        raise MedomniError(f"--max-attempts must be at least 1, got {max_attempts}")
     if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise MedomniError(f"shard {shard[0]}/{shard[1]}: want i/n with 0 <= i < n")
     view = show_set(store, name)
@@ -211,22 +314,26 @@ def run_set(
             slots = slot_digests([aid for aid, _ in atoms], agent_id, label, rep)
             lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
             states = run_states(store, [r for r in lasts if r is not None])
+            scope: list[bytes] = []
+            done = 0
             for (aid, atom), digest, last in zip(atoms, slots, lasts, strict=True):
                 if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:
                     continue
+                scope.append(digest)
                 attempt = 1
                 if last is not None:
-                    outcome, tried = states[last]
-                    if outcome in AGENT_OUTCOMES or tried >= max_attempts:
+                    state = states[last]
+                    if not _redo(state, rerun, max_attempts):
+                        done += 1
                         continue  # done (or given up on): resume skips it
-                    attempt = tried + 1
+                    attempt = state.attempt + 1
                 check = checks.get(atom.format_check)
                 if check is None:
                     check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
                 slot = id_from_digest(digest)  # only a slot that runs needs its id
                 job.trials.append(TrialSpec(slot, attempt, aid, atom, check))
                 previous[slot] = last
-            planned.append(_Planned(job, previous, slots, rows))
+            planned.append(_Planned(job, previous, slots, rows, scope, done))
             if job.trials:
                 problems += [f"{label} r{rep}: {p}" for p in impl.check(job)]
     if problems:
@@ -237,7 +344,9 @@ def run_set(
         # harnesses of one set may start together: retry, the last config named wins
         store.refs.update(agent_ref(agent.name), lambda _cur: agent_id, message="bench run")
     for p in planned:
-        report.jobs.append(_run_job(store, view, impl, p, runs_dir, claim_timeout, progress))
+        report.jobs.append(
+            _run_job(store, view, impl, p, runs_dir, claim_timeout, progress, fail_fast)
+        )
     return report
 
 
@@ -270,6 +379,27 @@ def _job_started(store: Store, view: SetView, job: Job) -> tuple[str, str]:
     return started, name
 
 
+def _holder(store: Store, slot: ObjectId) -> str:
+    """Who holds ``slot``'s claim, as the report prints it."""
+    held = store.refs.get(claim_ref(slot))
+    if held is None:
+        return "a harness that has since let go"
+    try:
+        host, pid, _ = store.read_blob(held).decode().split()[:3]
+    except (ValueError, KeyError):
+        return "an unreadable claim"
+    return f"{host} pid {pid}"
+
+
+def _error_of(record: RunRecord, trial: Trial) -> str:
+    """A run's failure as fail-fast compares it: its outcome and first error, with the last
+    line the agent wrote to stderr (where a broken install says what is missing)."""
+    why = record.errors[0] if record.errors else record.agent_block.meets_arm_reason
+    text = f"{record.outcome}: {why}" if why else record.outcome
+    tail = trial.logs.get("stderr.txt", b"").decode(errors="replace").strip().splitlines()
+    return f"{text} (stderr: {tail[-1].strip()[:300]})" if tail else text
+
+
 def _run_job(
     store: Store,
     view: SetView,
@@ -278,15 +408,27 @@ def _run_job(
     runs_dir: Path,
     claim_timeout: float,
     progress: Progress | None,
+    fail_fast: int,
 ) -> JobReport:
     job, slots = planned.job, planned.slots
     started, job.name = _job_started(store, view, job)
     job.folder = runs_dir / job.name
     ran = infra = 0
+    held: list[str] = []
+    stopped = ""
+    # the errors of this call's first runs, until one answers or fail_fast of them are in
+    failures: list[str] = []
+    watching = fail_fast > 0
     sweep(store, slots, {t.slot for t in job.trials}, claim_timeout)
     if job.trials:
         # claim every slot first: another harness on this store skips what we hold
-        job.trials = [t for t in job.trials if claim(store, t.slot, claim_timeout)]
+        mine = []
+        for t in job.trials:
+            if claim(store, t.slot, claim_timeout):
+                mine.append(t)
+            else:
+                held.append(_holder(store, t.slot))
+        job.trials = mine
         specs = {t.slot: t for t in job.trials}
         try:
             if job.trials:
@@ -298,12 +440,26 @@ def _run_job(
                         if spec is None:
                             continue  # a runner reporting a slot twice, or one not ours
                         previous = planned.previous[trial.slot]
-                        record_trial(store, job, spec, trial, view.task_set, previous)
+                        _, record = record_trial(store, job, spec, trial, view.task_set, previous)
                         release(store, trial.slot)
                         ran += 1
                         infra += trial.outcome == "infra-error"
                         if progress is not None:
                             progress(job.name, ran, len(job.trials))
+                        if watching:
+                            if record.outcome == "answered" and record.agent_block.meets_arm:
+                                watching = False  # it answers: no early stop for this job
+                            else:
+                                failures.append(_error_of(record, trial))
+                                watching = len(failures) < fail_fast
+                                if len(failures) == fail_fast and len(set(failures)) == 1:
+                                    stopped = failures[0]
+                                    break
+                    if stopped:
+                        close = getattr(stream, "close", None)
+                        if close is not None:
+                            close()  # the runner's clean-up: its trial in flight ends
+                        break
         finally:
             for slot in specs:
                 release(store, slot)  # not run (runner stopped early): free for the next try
@@ -318,6 +474,36 @@ def _run_job(
         rows=planned.rows,
         started=started,
     )
+    report = JobReport(
+        job.name,
+        jid,
+        job.folder,
+        len(slots),
+        ran,
+        done=planned.done,
+        held=held,
+        outside_shard=len(slots) - len(planned.scope),
+        infra_errors=infra,
+        stopped=stopped,
+    )
+    _count(store, planned.scope, report)
     if runs:
         write_run_folder(store, jid, job.folder)
-    return JobReport(job.name, jid, job.folder, len(slots), ran, len(slots) - ran, infra)
+    return report
+
+
+def _count(store: Store, scope: list[bytes], report: JobReport) -> None:
+    """Fill in where the slots in scope stand now: outcomes, unanswered, never run."""
+    lasts = store.refs.get_many_by_id(SLOT_REFS, scope)
+    states = run_states(store, [r for r in lasts if r is not None])
+    outcomes: dict[str, int] = {}
+    for last in lasts:
+        if last is None:
+            report.never_run += 1
+            continue
+        state = states[last]
+        outcomes[state.outcome] = outcomes.get(state.outcome, 0) + 1
+        report.unanswered += not state.answered
+    report.outcomes = dict(sorted(outcomes.items()))
+    # a slot held by another harness has no final run of ours: it counts as held, not twice
+    report.never_run = max(0, report.never_run - len(report.held))
