@@ -28,7 +28,13 @@ from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.records import JobRecord, Result, ScoreRow
 from medomni_cas.bench.refnames import result_ref
-from medomni_cas.bench.scorer import SCORER_VERSION, jobs_of, rows_table, score_jobs
+from medomni_cas.bench.scorer import (
+    SCORER_VERSION,
+    SCORER_VERSIONS,
+    jobs_of,
+    rows_table,
+    score_jobs,
+)
 from medomni_cas.cli import main
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.studio.tasksets import build_set, show_set
@@ -265,6 +271,25 @@ def test_forged_answer_keys_and_a_link_to_what_is_no_job(
     assert [p["field"] for p in data["score"]] == ["jobs[0]"], data["score"]
 
 
+def test_forged_coverage(capsys: pytest.CaptureFixture[str], scored: Scored) -> None:
+    # scorer 1.1.0 rows say what their slots gave: a count moved, or the result's flag
+    with mc.open(scored.url, create=False) as store:
+        honest = _honest(store, scored)
+        row = honest.rows[0]
+        assert row.expected == 20 and row.answered == 20 and row.task_set == scored.task_set
+        moved = msgspec.structs.replace(row, answered=19, unanswered={"timeout": 1})
+        _forge(store, scored, rows=(moved, *honest.rows[1:]))
+    code, out, data = _verify(capsys, scored)
+    assert code == 1, out
+    assert {p["field"] for p in data["score"]} == {"answered", "unanswered"}
+    with mc.open(scored.url, create=False) as store:
+        _forge(store, scored, partial=True)
+    code, out, data = _verify(capsys, scored)
+    assert code == 1, out
+    (problem,) = data["score"]
+    assert problem["kind"] == "result" and problem["field"] == "partial"
+
+
 def test_two_jobs_of_one_key(capsys: pytest.CaptureFixture[str], scored: Scored) -> None:
     with mc.open(scored.url, create=False) as store:
         honest = _honest(store, scored)
@@ -341,8 +366,8 @@ def test_diff_exits_1_when_the_results_differ(
 # -- scorer versions ---------------------------------------------------------------------------
 def test_row_fields_of_every_scorer_version() -> None:
     versions = list(ROW_FIELDS)
-    assert SCORER_VERSION in ROW_FIELDS and versions[0] == "1.0.0"
-    assert ROW_FIELDS[versions[-1]] == ScoreRow.__struct_fields__
+    assert versions[0] == "1.0.0" and set(SCORER_VERSIONS) <= set(ROW_FIELDS)
+    assert ROW_FIELDS[SCORER_VERSION] == ScoreRow.__struct_fields__ and SCORER_VERSION == "1.1.0"
     for old, new in itertools.pairwise(versions):
         assert ROW_FIELDS[new][: len(ROW_FIELDS[old])] == ROW_FIELDS[old]  # fields only added
     assert ROW_FIELDS["1.0.0"][-1] == "attempts"

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from medomni_cas.audit._common import arm_label, short
 from medomni_cas.bench.records import AgentConfig, JobRecord, Result, ScoreRow
 from medomni_cas.bench.refnames import JOB_REFS
-from medomni_cas.bench.scorer import SCORER, SCORER_VERSION, Derived, derive, rows_table
+from medomni_cas.bench.scorer import SCORER, SCORER_VERSIONS, Derived, derive, rows_table
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -87,18 +87,17 @@ _LISTED = 100
 
 
 def known_versions() -> tuple[str, ...]:
-    """The scorer versions this library can re-derive: those of `ROW_FIELDS` up to its own."""
-    versions = tuple(ROW_FIELDS)
-    if SCORER_VERSION in ROW_FIELDS:
-        versions = versions[: versions.index(SCORER_VERSION) + 1]
-    return versions
+    """The scorer versions this library can re-derive: those of `ROW_FIELDS` its scorer
+    computes (`SCORER_VERSIONS`)."""
+    return tuple(v for v in ROW_FIELDS if v in SCORER_VERSIONS)
 
 
 class ScoreProblem(msgspec.Struct, kw_only=True):
     """One thing of a result that is not what its inputs give.
 
     ``kind``: ``scorer`` (a scorer or version not known), ``link`` (a job, task set, set
-    build, answer key or answer columns link), ``row`` (a row's field), ``rows`` (the rows
+    build, answer key or answer columns link), ``result`` (a field of the result that
+    follows from its rows: ``partial``), ``row`` (a row's field), ``rows`` (the rows
     as a whole: their order, or why they could not be computed), ``table`` (the Parquet
     table). ``row`` names the row (agent, arm label, pair, target, metric), ``field`` the
     field, ``recorded`` what the result says and ``derived`` what it should say (for
@@ -222,6 +221,7 @@ class _Checker:
                 n_boot=res.n_boot,
                 seed=res.seed,
                 scorer_version=res.scorer_version,
+                arms=res.arms,
             )
         except MedomniError as e:
             self.problem("rows", f"rows cannot be re-derived from the jobs: {e}")
@@ -378,6 +378,16 @@ class _Checker:
                 field=f.name,
                 recorded=_hexed(mine),
                 derived=_hexed(theirs),
+            )
+        # partial: whether some row has a slot never run (scorers before coverage: never)
+        partial = any(r.partial for r in d.rows) if "partial" in self.fields else False
+        if res.partial != partial:
+            self.problem(
+                "result",
+                f"partial: the result says {res.partial}, its rows say {partial}",
+                field="partial",
+                recorded=res.partial,
+                derived=partial,
             )
 
     def compare_rows(self, derived: Sequence[ScoreRow]) -> None:
