@@ -43,6 +43,7 @@ from tests._sets import small_tree
 SET = "medomni-bench/small"
 OTHER = "medomni-bench/other"
 CKD = "synth-ehr_ckd-staging@n20"
+NOP, ENC = "no-perception", "encoders"
 
 
 @dataclass(frozen=True)
@@ -57,20 +58,24 @@ class Scored:
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory: pytest.TempPathFactory) -> Scored:
     root = tmp_path_factory.mktemp("forgery")
-    tree = small_tree(root, arms=["no-perception"], pairs=(CKD,))
+    tree = small_tree(root, arms=[NOP, ENC], pairs=(CKD,))
     other = tree / "bench/benchmarks/medomni-bench/sets/other.yaml"
     other.write_text((tree / "bench/benchmarks/medomni-bench/sets/small.yaml").read_text())
     url = f"lmdb://{root / 'store'}"
     agent = find_agent(tree / "bench", "baseline")
+    runs = {"runs_dir": root / "runs", "studio": tree / "studio"}
     with mc.open(url) as store:
         for name in (SET, OTHER):
             build_set(store, name, studio=tree / "studio", bench=tree / "bench")
-        run_set(store, SET, agent, runs_dir=root / "runs", studio=tree / "studio", reps=2)
-        run_set(store, OTHER, agent, runs_dir=root / "runs", studio=tree / "studio")
+        run_set(store, SET, agent, **runs, reps=2, arms=[NOP])
+        run_set(store, SET, agent, **runs, arms=[ENC])  # recorded, and not scored
+        run_set(store, OTHER, agent, **runs, arms=[NOP])  # the same slots: nothing runs
         ts, other_ts = show_set(store, SET).task_set, show_set(store, OTHER).task_set
         assert ts != other_ts
-        result = score_jobs(store, jobs_of(store, ts), n_boot=100, set_name=SET)
+        jobs = [j for j in jobs_of(store, ts) if store.get(j, JobRecord).arm == NOP]
+        result = score_jobs(store, jobs, n_boot=100, set_name=SET, arms=[NOP])
         assert len(result.record.jobs) == 2 and result.record.rows
+        assert result.record.arms == (NOP,)
         (other_job,) = jobs_of(store, other_ts)
     return Scored(url, result.result.hex(), ts.hex(), other_ts.hex(), other_job.hex())
 
@@ -226,7 +231,9 @@ def test_a_dropped_job(capsys: pytest.CaptureFixture[str], scored: Scored, with_
             # the scorer would have given without it
             from medomni_cas.bench.scorer import derive
 
-            rows = derive(store, kept, n_boot=honest.n_boot, seed=honest.seed).rows
+            rows = derive(
+                store, kept, n_boot=honest.n_boot, seed=honest.seed, arms=honest.arms
+            ).rows
             assert len(rows) < len(honest.rows)
         _forge(store, scored, jobs=kept, rows=rows)
         name = records[dropped].name
@@ -288,6 +295,20 @@ def test_forged_coverage(capsys: pytest.CaptureFixture[str], scored: Scored) -> 
     assert code == 1, out
     (problem,) = data["score"]
     assert problem["kind"] == "result" and problem["field"] == "partial"
+
+
+def test_a_result_that_claims_every_arm(capsys: pytest.CaptureFixture[str], scored: Scored) -> None:
+    # scored on no-perception (--arm); claiming every arm, it leaves out the encoders job
+    with mc.open(scored.url, create=False) as store:
+        _honest(store, scored)
+        _forge(store, scored, arms=())
+    code, out, data = _verify(capsys, scored)
+    assert code == 1, out
+    assert any(f"arm {ENC}, rep 1)" in m and "not in the result" in m for m in _messages(data)), (
+        data["score"]
+    )
+    # and the rows a score of every arm has (the encoders job's, never run here) are missing
+    assert any(f"arm {ENC}" in p["row"] for p in data["score"] if p["kind"] == "row")
 
 
 def test_two_jobs_of_one_key(capsys: pytest.CaptureFixture[str], scored: Scored) -> None:

@@ -16,10 +16,11 @@ Links
     Every job must be of the result's task set and set build (a job swapped in from another
     set is named), no two jobs may share a key (agent config, arm label, repetition), and
     every job the store records for the task set (its ``runs/jobs/`` refs) under an agent
-    config of the result must have a job of its key in the result: a job left out (with or
-    without its rows) is named. A job whose ref has moved on to a later record is a
-    notice, not a problem: the store moved on after the score. A job the ref never pointed
-    at, in a store whose harness made the ref, was made outside the harness: a problem.
+    config of the result, and an arm it scored, must have a job of its key in the result:
+    a job left out (with or without its rows) is named. A job whose ref has moved on to a
+    later record is a notice, not a problem: the store moved on after the score. A job the
+    ref never pointed at, in a store whose harness made the ref, was made outside the
+    harness: a problem.
 Scorer versions
     `ROW_FIELDS` lists the row fields each scorer version wrote: a result is compared on
     its version's fields, and the fields added later must be at their defaults. A scorer
@@ -320,6 +321,8 @@ class _Checker:
                 continue  # a damaged ref is `cas fsck`'s to name
             if j.task_set != res.task_set or j.agent_config not in configs:
                 continue
+            if res.arms and arm_label(j.arm, j.arm_variant) not in res.arms:
+                continue  # an arm the user did not score (``--arm``)
             kept = have.get(_key(j))
             if kept is None:
                 self.problem(
