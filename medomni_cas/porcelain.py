@@ -36,7 +36,7 @@ from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import RunReport, run_set
 from medomni_cas.bench.records import AgentConfig, JobRecord
 from medomni_cas.bench.refnames import result_ref
-from medomni_cas.bench.runners import Runner, get_runner
+from medomni_cas.bench.runners import Runner, pick_runner
 from medomni_cas.bench.scorer import Scored, ScoreError, jobs_of, score_jobs, write_results
 from medomni_cas.errors import InvalidName, MedomniError
 from medomni_cas.store import sync
@@ -362,7 +362,7 @@ def run(
     agent: str | Path | AgentConfig,
     *,
     folders: Folders,
-    runner: str | Runner = "process",
+    runner: str | Runner | None = None,
     runner_options: Mapping[str, str] | None = None,
     arms: Sequence[str] | None = None,
     studio: str | Path | None = None,
@@ -372,12 +372,13 @@ def run(
     **options: object,
 ) -> RunReport:
     """Check the set, then run every slot that has no run yet (`run_set`; running again
-    resumes). ``runner_options`` configure a runner given by name; ``options`` go to
-    `run_set` (``reps``, ``accept_conditions``, ``max_attempts``, ``budget``, ``shard``…).
-    Raises `CheckFailed` with the problems when the set cannot run."""
+    resumes). ``runner`` defaults to the agent config's scaffold's (`runners.runner_for`);
+    one that cannot drive the scaffold is refused (`RunnerError`). ``runner_options``
+    configure a runner given by name; ``options`` go to `run_set` (``reps``,
+    ``accept_conditions``, ``max_attempts``, ``budget``, ``shard``…). Raises `CheckFailed`
+    with the problems when the set cannot run."""
     config = agent_config(agent, folders=folders, bench=bench)
-    if runner_options and isinstance(runner, str):
-        runner = get_runner(runner, **runner_options)
+    runner = pick_runner(config, runner, runner_options)
     runs = folders.get("runs", runs_dir)
     bars = _JobBars(progress)
     try:
@@ -387,6 +388,7 @@ def run(
             config,
             runs_dir=runs,
             studio=folders.optional("studio", studio),
+            bench=folders.optional("bench", bench),
             runner=runner,
             arms=list(arms) if arms else None,
             progress=bars.update,

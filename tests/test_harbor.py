@@ -561,3 +561,71 @@ def test_a_killed_job_resumes_without_loss_or_duplicates(
     (folder,) = (tmp_path / "runs").iterdir()
     names = Counter(t["task_name"].rsplit("-", 1)[0] for t in _trial_results(folder))
     assert len(names) == SLOTS_PER_ARM and set(names.values()) == {1}, names
+
+
+def test_an_environment_that_cannot_start_records_its_cause(
+    store: mc.Store, tree: Path, engine: Engine, tmp_path: Path
+) -> None:
+    """A bad option fails each trial before Harbor has a result for it, and Harbor's job as a
+    whole (an exception group): each run still says what failed, in its record and in the run
+    folder, never just "ExceptionGroup ... (n sub-exceptions)"."""
+    bad = HarborRunner(
+        docker_host=engine.host, environment_kwargs={"cpu_enforcement_policy": "strictest"}
+    )
+    kw = {"arms": [NOP], "shard": _shard(store, tree, "baseline", 5)}
+    report = _run(store, tree, tmp_path, engine, "baseline", runner=bad, **kw)
+    runs = _runs(store, "baseline")
+    assert runs and {r.outcome for r in runs} == {"infra-error"}
+    assert report.jobs[0].infra_errors == len(runs)
+    for r in runs:
+        assert not any("ExceptionGroup" in e for e in r.errors), r.errors
+        assert "ValueError: 'strictest' is not a valid ResourceMode" in r.errors[0], r.errors
+        assert r.environment == "docker" and r.isolation == "container"
+        text = _log(store, r, "harbor.exception.txt").decode()
+        assert "Traceback" in text and "strictest" in text
+    folder = report.jobs[0].folder
+    lines = [json.loads(x) for x in (folder / "runs.jsonl").read_text().splitlines()]
+    assert all("strictest" in x["record"]["errors"][0] for x in lines)
+    for r in runs:
+        assert "strictest" in (folder / "trials" / r.run_id / "harbor.exception.txt").read_text()
+
+
+def _recorded(run: Any) -> Any:
+    """What Harbor records of a trial whose environment raised what ``run()`` raises."""
+    from harbor.models.trial.result import ExceptionInfo
+
+    class Result:  # the fields `_outcome` reads of a `TrialResult`
+        agent_execution = None
+        verifier = None
+        exception_info: ExceptionInfo | None = None
+
+    result = Result()
+    try:
+        run()
+    except BaseException as e:  # as Harbor's trial does: `from_exception` reads format_exc()
+        assert isinstance(e, Exception)
+        result.exception_info = ExceptionInfo.from_exception(e)
+    return result
+
+
+def test_trial_exceptions_are_read_to_their_last_lines() -> None:
+    """A trial's recorded exception group gives its sub-exceptions, not their count; an empty
+    message gives the traceback's last line."""
+    import asyncio
+
+    from medomni_harbor.runner import _outcome
+
+    async def build() -> None:
+        raise OSError("the image cannot be built: no such base image")
+
+    async def start() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(build())
+
+    def empty() -> None:
+        raise RuntimeError("")
+
+    outcome, errors = _outcome(_recorded(lambda: asyncio.run(start())), False)
+    assert outcome == "infra-error"
+    assert errors[0] == "OSError: the image cannot be built: no such base image", errors
+    assert _outcome(_recorded(empty), False)[1][0] == "RuntimeError"

@@ -22,6 +22,8 @@ class EncoderCall(msgspec.Struct, frozen=True, kw_only=True):
 
     ``input_digest`` is the BLAKE3 hash of the input files' bytes concatenated in name order
     (``inputs``), ``output_digest`` that of the features' canonical JSON ("" when none).
+    ``level`` is what the encoder's features are (`medomni_cas.bench.encoders.LEVELS`): ""
+    when no encoder answered (a refused call), and in calls logged before calls had one.
     """
 
     atom: str
@@ -38,6 +40,7 @@ class EncoderCall(msgspec.Struct, frozen=True, kw_only=True):
     output_digest: str
     detail: str
     inputs: tuple[str, ...] = ()
+    level: str = ""
 
 
 _CALL_DECODER = msgspec.json.Decoder(EncoderCall)

@@ -29,7 +29,9 @@ import numpy as np
 from medomni_cas.errors import MedomniError
 
 __all__ = [
+    "DEFAULT_LEVEL",
     "ENCODERS_GROUP",
+    "LEVELS",
     "BaseEncoder",
     "EcgSummary",
     "Encoder",
@@ -39,10 +41,19 @@ __all__ = [
     "canonical_json",
     "encoders",
     "input_names",
+    "level_of",
     "reset_registry",
 ]
 
 ENCODERS_GROUP = "medomni.encoders"
+
+#: What an encoder's features are, which the call log records per call (`EncoderCall.level`)
+#: so a score can tell what the agent was handed: ``measurements`` (numbers read off the
+#: signal or the table: rates, intervals, amplitudes, counts, means), ``embedding`` (a learned
+#: vector), ``findings`` (clinical interpretations in words, such as "atrial fibrillation").
+LEVELS = ("measurements", "embedding", "findings")
+#: The level of an encoder that does not declare one.
+DEFAULT_LEVEL = "measurements"
 
 # Sorted keys: the same features give the same bytes, hence the same output digest.
 _CANONICAL = msgspec.json.Encoder(order="sorted")
@@ -66,8 +77,9 @@ class Encoder(Protocol):
     """What the gateway needs of an encoder.
 
     Optional: ``inputs(family) -> tuple[str, ...]``, the file-name patterns (``fnmatch``) it
-    reads from a family (default ``<family>.*``, the array layout), and
-    ``required(family)``, those that must match a file for it to be served (default: all).
+    reads from a family (default ``<family>.*``, the array layout),
+    ``required(family)``, those that must match a file for it to be served (default: all),
+    and ``level``, one of `LEVELS` (default `DEFAULT_LEVEL`).
     """
 
     name: str
@@ -92,6 +104,7 @@ class BaseEncoder(abc.ABC):
     version: str
     families: tuple[str, ...]
     description: str
+    level: ClassVar[str] = DEFAULT_LEVEL
     call_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **params: Any) -> None:
@@ -122,6 +135,12 @@ class BaseEncoder(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.version} {self.digest[:12]}>"
+
+
+def level_of(encoder: Encoder) -> str:
+    """The encoder's `level` (what its features are), `DEFAULT_LEVEL` when it names none."""
+    level = getattr(encoder, "level", None)
+    return level if isinstance(level, str) and level else DEFAULT_LEVEL
 
 
 def input_names(encoder: Encoder, family: str, names: Sequence[str]) -> list[str] | None:
@@ -527,6 +546,10 @@ def _load(ep: Any) -> Encoder:
         raise EncoderRegistryError(f"{where}: the encoder is named {enc.name!r}, not {ep.name!r}")
     if not enc.families or not all(isinstance(f, str) for f in enc.families):
         raise EncoderRegistryError(f"{where}: names no families")
+    if level_of(enc) not in LEVELS:
+        raise EncoderRegistryError(
+            f"{where}: level {level_of(enc)!r} is not one of {', '.join(LEVELS)}"
+        )
     return enc
 
 

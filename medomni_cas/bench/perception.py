@@ -18,7 +18,7 @@ Endpoints::
 
     GET  /              what this is, and the endpoints
     GET  /health        {"ok": true}
-    GET  /v1/encoders   [{name, version, description, families, digest, params}]
+    GET  /v1/encoders   [{name, version, description, families, digest, level, params}]
                         (headers X-Budget and X-Calls-Left: the calls this task has left)
     POST /v1/encode     {"encoder": name, "family": f (optional if only one), "params": {}}
                         -> {"encoder", "version", "digest", "family", "features",
@@ -51,7 +51,14 @@ import msgspec
 
 from medomni_cas._extras import require
 from medomni_cas.bench.encoder_calls import EncoderCall, Status, meets_arm, read_call_log
-from medomni_cas.bench.encoders import Encoder, EncoderError, canonical_json, encoders, input_names
+from medomni_cas.bench.encoders import (
+    Encoder,
+    EncoderError,
+    canonical_json,
+    encoders,
+    input_names,
+    level_of,
+)
 
 if TYPE_CHECKING:  # the web stack is the `bench` extra: imported when a gateway is made
     from starlette.requests import Request
@@ -164,6 +171,7 @@ class Gateway:
                     "description": enc.description,
                     "families": list(s.inputs),
                     "digest": enc.digest,
+                    "level": level_of(enc),
                     "params": list(getattr(enc, "call_params", ())),
                 }
             )
@@ -356,6 +364,7 @@ class Gateway:
             output_digest=output_digest,
             detail=detail[:2000],  # a refusal quotes the request: keep the log bounded
             inputs=inputs,
+            level=level_of(enc) if enc is not None else "",
         )
         with self._lock:
             self.calls.append(call)

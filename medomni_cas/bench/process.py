@@ -86,6 +86,7 @@ class ProcessRunner(Runner):
     name: ClassVar[str] = "process"
     description: ClassVar[str] = "an agent command as a subprocess (no isolation)"
     isolated: ClassVar[bool] = False
+    scaffolds: ClassVar[tuple[str, ...]] = ("process", "baseline", "command")
 
     def __init__(
         self, *, scratch: str | os.PathLike[str] | None = None, keep: bool | str = False

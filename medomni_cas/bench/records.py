@@ -210,8 +210,10 @@ class RunRecord(Record, frozen=True, kw_only=True):
     outcome: Outcome
     #: Where the agent ran ("local", or the runner's environment: "docker", "daytona"...) and
     #: what kept it from the store, the answers and other trials: "none" (it ran as you),
-    #: "namespaces" (its own user, mount, pid and network namespaces), "container" (a
-    #: container with no network but the perception service). Empty in runs recorded before.
+    #: "namespaces" (its own user, mount and pid namespaces), "container" (our Docker
+    #: environment: no network but the perception service), "harbor-container" (a Harbor
+    #: local container, with whatever network it set up), "remote" (a provider's sandbox),
+    #: "unknown". Empty in runs recorded before.
     environment: str = ""
     isolation: str = ""
     served_model: str = ""

@@ -39,6 +39,7 @@ def source_run(
 class ReplayRunner(Runner):
     name: ClassVar[str] = "replay"
     description: ClassVar[str] = "repeats the answers of earlier runs (no model calls)"
+    scaffolds: ClassVar[tuple[str, ...]] = ("replay",)
 
     def _source(self, job: Job) -> ObjectId:
         source = job.agent.options.get("source")
@@ -77,6 +78,8 @@ class ReplayRunner(Runner):
                 tokens_in=0,
                 tokens_out=0,
                 cost_usd=0.0,
+                environment="local",  # no agent runs: nothing to isolate, nothing to reach
+                isolation="none",
             )
             if run is None or run.answer is None:
                 trial.outcome = "agent-failed"

@@ -6,12 +6,19 @@
     agent.json             the agent config the job ran
     runs.jsonl             one run record per atom task (the slot's final run), with its id
     predictions.jsonl      the prediction records, with their ids
-    encoder_use.jsonl      each encoder call, with its run (arms with the perception service)
+    encoder_use.jsonl      each encoder call, with its run and level (only on arms that
+                           attach the perception service)
     columns.json           the job's predictions as columns (the record), and in
     columns/<name>.arrow   each column, an Arrow IPC stream
     trials/<run_id>/       the answer as written (answer.bin) and the trial's log files
+    report.json            the last `bench run`'s report of the job (the harness writes it:
+                           not a record, and not read back)
 
 The folder is a view: the store is the truth, and writing it again gives the same bytes.
+Every line holds every field of its record, those at their default too (``"errors": []``,
+``"cost_usd": null``, ``"encoder_calls": 0``), and lists those in ``"defaults"``: a record's
+bytes leave a default out, and reading the line back leaves them out again, so that it
+hashes to its id (folders written before spelled no default, and hold no such list).
 `import_run_folder` reads one back into a store (another machine's, say), re-hashing every
 record, blob and tree against the id it must have, so nothing altered on the way is
 accepted; what the job made comes back whole (the set it ran must be in the store to score
@@ -20,12 +27,15 @@ it).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 
+from medomni_cas.bench.encoder_calls import EncoderCall
 from medomni_cas.bench.records import (
     AgentConfig,
     JobRecord,
@@ -64,9 +74,78 @@ def _dec_hook(tp: type, obj: Any) -> Any:
 _JSON = msgspec.json.Encoder(enc_hook=_enc_hook, order="sorted")
 
 
+def _spelled(record: msgspec.Struct, body: dict[str, Any], path: str, left: list[str]) -> Any:
+    """``body`` (``record`` as its encoding gives it, defaults left out) with every field
+    spelled, the default ones too; their paths go to ``left``."""
+    cls = type(record)
+    missing = sorted(_defaults(cls).keys() - body.keys())
+    if missing:
+        body = {**_defaults(cls), **body}
+        left += [path + name for name in missing]
+    for name, many in _nested(cls):
+        if name not in missing and body.get(name) is not None:
+            value = getattr(record, name)
+            if many:
+                body[name] = [
+                    _spelled(v, b, f"{path}{name}.{i}.", left)
+                    for i, (v, b) in enumerate(zip(value, body[name], strict=True))
+                ]
+            else:
+                body[name] = _spelled(value, body[name], f"{path}{name}.", left)
+    return body
+
+
+@functools.cache
+def _defaults(cls: type[msgspec.Struct]) -> dict[str, Any]:
+    """Each field's default as JSON builtins (a field left out of a record's bytes has it)."""
+    out = {}
+    for f in msgspec.structs.fields(cls):
+        if f.default is not msgspec.NODEFAULT:
+            out[f.name] = msgspec.json.decode(_JSON.encode(f.default))
+        elif f.default_factory is not msgspec.NODEFAULT:
+            out[f.name] = msgspec.json.decode(_JSON.encode(f.default_factory()))
+    return out
+
+
+@functools.cache
+def _nested(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
+    """The fields of ``cls`` that hold structs: (name, True for a tuple of them)."""
+    out = []
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    for f in info.fields:
+        t = f.type
+        if isinstance(t, msgspec.inspect.UnionType):  # X | None
+            t = next((u for u in t.types if not isinstance(u, msgspec.inspect.NoneType)), t)
+        if isinstance(t, msgspec.inspect.StructType):
+            out.append((f.name, False))
+        elif isinstance(t, msgspec.inspect.VarTupleType | msgspec.inspect.ListType) and isinstance(
+            t.item_type, msgspec.inspect.StructType
+        ):
+            out.append((f.name, True))
+    return tuple(out)
+
+
+def _unspelled(body: dict[str, Any], left: list[str]) -> dict[str, Any]:
+    """``body`` without the fields `_spelled` added (each path in ``left``), so the record
+    decodes to what it was: a value equal to a field's default is not always left out of
+    the record's bytes, so defaults cannot be told from the values alone."""
+    for path in left:
+        *parents, name = path.split(".")
+        at: Any = body
+        for part in parents:
+            at = at[int(part)] if isinstance(at, list) else at[part]
+        at.pop(name)
+    return body
+
+
 def _line(oid: ObjectId, record: msgspec.Struct, **extra: str) -> bytes:
-    body = msgspec.json.decode(_JSON.encode(record))
-    return _JSON.encode({"id": oid.hex(), **extra, "record": body}) + b"\n"
+    left: list[str] = []
+    body = _spelled(record, msgspec.json.decode(_JSON.encode(record)), "", left)
+    doc: dict[str, Any] = {"id": oid.hex(), **extra, "record": body}
+    if left:
+        doc["defaults"] = left
+    return _JSON.encode(doc) + b"\n"
 
 
 def write_run_folder(store: Store, job_id: ObjectId, folder: Path) -> Path:
@@ -74,14 +153,18 @@ def write_run_folder(store: Store, job_id: ObjectId, folder: Path) -> Path:
     job = store.get(job_id, JobRecord)
     folder.mkdir(parents=True, exist_ok=True)
     runs, preds, calls = [], [], []
+    attached = False  # an arm of the job attaches the perception service
     for rid, run in store.get_many(job.runs, RunRecord):
         runs.append(_line(rid, run))
+        attached = attached or run.agent_block.encoders != "none"
         for pid, p in store.get_many(run.predictions, PredictionRecord):
             preds.append(_line(pid, p))
         if run.agent_block.encoder_log is not None:
             for line in store.read_blob(run.agent_block.encoder_log).splitlines():
                 # the call's bytes as logged, so that the log can be made again on import
-                calls.append(_JSON.encode(_Use(run.run_id, msgspec.Raw(line))) + b"\n")
+                level = _CALL.decode(line).level
+                use = _Use(run_id=run.run_id, level=level, call=msgspec.Raw(line))
+                calls.append(_JSON.encode(use) + b"\n")
         trial = folder / "trials" / run.run_id
         trial.mkdir(parents=True, exist_ok=True)
         if run.answer is not None:
@@ -93,7 +176,9 @@ def write_run_folder(store: Store, job_id: ObjectId, folder: Path) -> Path:
     _write(folder / "agent.json", _line(job.agent_config, store.get(job.agent_config, AgentConfig)))
     _write(folder / "runs.jsonl", b"".join(runs))
     _write(folder / "predictions.jsonl", b"".join(preds))
-    if calls or job.arm != "no-perception":
+    # calls logged on an arm without the service fail their run (`meets_arm`); they are
+    # written all the same, so that the folder imports whole
+    if attached or calls:
         _write(folder / "encoder_use.jsonl", b"".join(calls))
     table = store.get(job.predictions)
     _write(folder / "columns.json", _line(job.predictions, table))
@@ -102,11 +187,16 @@ def write_run_folder(store: Store, job_id: ObjectId, folder: Path) -> Path:
     return folder
 
 
-class _Use(msgspec.Struct):
-    """A line of ``encoder_use.jsonl``."""
+class _Use(msgspec.Struct, kw_only=True):
+    """A line of ``encoder_use.jsonl``: the run, the call's level (`EncoderCall.level`; ""
+    in folders written before, and for calls logged before calls had one) and the call."""
 
     run_id: str
+    level: str = ""
     call: msgspec.Raw
+
+
+_CALL = msgspec.json.Decoder(EncoderCall)
 
 
 def _table_blobs(table: object) -> dict[str, ObjectId]:
@@ -133,8 +223,17 @@ def _records[T: encoding.Record](path: Path, cls: type[T]) -> list[tuple[ObjectI
         try:
             doc = msgspec.json.decode(line)
             oid = ObjectId.from_hex(doc["id"])
-            record = msgspec.convert(doc["record"], cls, dec_hook=_dec_hook)
-        except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as e:
+            body = _unspelled(doc["record"], doc.get("defaults", []))
+            record = msgspec.convert(body, cls, dec_hook=_dec_hook)
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            TypeError,
+            ValueError,
+        ) as e:
             raise RunFolderError(f"{path}:{n}: not a {cls.__name__} line: {e}") from None
         data = encoding.encode(record)
         if hash_bytes(data) != oid:

@@ -5,12 +5,16 @@ A runner only turns `Job`s into `Trial`s: what happened when the agent ran one a
 The harness owns everything else (checks, slots and claims, records, run folders), so a
 runner never writes to the store, and a third-party runner (``adapters/harbor``) gets the
 same guarantees by implementing three methods.
+
+Which runner runs an agent config, when none is named, is its scaffold's (`runner_for`):
+each runner declares the scaffolds it is the runner for (`Runner.picks`), and which it can
+drive at all (`Runner.drives`; the Harbor runner also drives commands and replays).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -32,6 +36,9 @@ __all__ = [
     "Trial",
     "TrialSpec",
     "get_runner",
+    "pick_runner",
+    "runner_class",
+    "runner_for",
     "runner_names",
 ]
 
@@ -109,6 +116,19 @@ class Runner(ABC):
     description: ClassVar[str] = ""
     #: True when agents run isolated (containers, closed network). The process runner is not.
     isolated: ClassVar[bool] = False
+    #: The scaffolds this is the runner for, when an agent config is run with no runner named.
+    scaffolds: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def picks(cls, agent: AgentConfig) -> bool:
+        """Whether this is the runner for ``agent`` when no runner is named (`runner_for`)."""
+        return agent.scaffold in cls.scaffolds
+
+    @classmethod
+    def drives(cls, agent: AgentConfig) -> bool:
+        """Whether this runner can run ``agent``'s scaffold at all; one named for an agent
+        it cannot drive is refused (`pick_runner`)."""
+        return cls.picks(agent)
 
     def check(self, job: Job) -> list[str]:
         """Problems that would stop ``job`` from running (nothing has run yet)."""
@@ -137,8 +157,9 @@ def runner_names() -> list[str]:
     return sorted({*_builtin(), *(ep.name for ep in entry_points(group=RUNNERS_GROUP))})
 
 
-def get_runner(name: str, **options: object) -> Runner:
-    """The runner ``name``, from the entry points (the built-ins also work uninstalled)."""
+def runner_class(name: str) -> type[Runner]:
+    """The class of runner ``name``, from the entry points (the built-ins also work
+    uninstalled)."""
     target = next((ep for ep in entry_points(group=RUNNERS_GROUP) if ep.name == name), None)
     if target is not None:
         cls = target.load()
@@ -151,4 +172,65 @@ def get_runner(name: str, **options: object) -> Runner:
         raise RunnerError(f"unknown runner {name!r} (installed: {', '.join(runner_names())})")
     if not (isinstance(cls, type) and issubclass(cls, Runner)):
         raise RunnerError(f"entry point {RUNNERS_GROUP} {name!r} is not a Runner class")
-    return cls(**options)
+    return cls
+
+
+def get_runner(name: str, **options: object) -> Runner:
+    """The runner ``name``, made with ``options``."""
+    return runner_class(name)(**options)
+
+
+def runner_for(agent: AgentConfig) -> str:
+    """The name of the runner for ``agent`` when none is named: the one that declares its
+    scaffold (`Runner.picks`). The built-ins are asked first, and win (no plug-in is loaded
+    for their scaffolds); a scaffold no installed runner picks, or several plug-ins do, is a
+    `RunnerError` naming the config and the scaffold."""
+    builtin = _builtin()
+    for name in sorted(builtin):
+        if runner_class(name).picks(agent):
+            return name
+    found = []
+    for name in runner_names():
+        if name in builtin:
+            continue
+        try:
+            cls = runner_class(name)
+        except (RunnerError, ImportError) as e:
+            raise RunnerError(f"runner {name!r} does not load: {e}") from None
+        if cls.picks(agent):
+            found.append(name)
+    if len(found) == 1:
+        return found[0]
+    where = f"agent config {agent.name}: scaffold {agent.scaffold!r}"
+    if found:
+        raise RunnerError(f"{where} is driven by several runners ({', '.join(found)}); name one")
+    raise RunnerError(
+        f"{where} is driven by no installed runner (installed: {', '.join(runner_names())}); "
+        "set settings.scaffold to one they drive, or name a runner (--runner)"
+    )
+
+
+def pick_runner(
+    agent: AgentConfig,
+    runner: str | Runner | None = None,
+    options: Mapping[str, object] | None = None,
+) -> Runner:
+    """The runner to run ``agent``: ``runner`` as given (made with ``options`` when named), else
+    its scaffold's (`runner_for`). A runner that cannot drive the scaffold is refused."""
+    if isinstance(runner, Runner):
+        impl = runner
+    else:
+        impl = get_runner(runner or runner_for(agent), **(options or {}))
+    if not impl.drives(agent):
+        raise RunnerError(
+            f"agent config {agent.name}: runner {impl.name!r} cannot drive scaffold "
+            f"{agent.scaffold!r} ({_its_runner(agent)})"
+        )
+    return impl
+
+
+def _its_runner(agent: AgentConfig) -> str:
+    try:
+        return f"its runner is {runner_for(agent)!r}"
+    except RunnerError:
+        return "no installed runner drives it"

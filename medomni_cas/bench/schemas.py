@@ -126,6 +126,8 @@ RUN_SCHEMA = pa.schema(
         ("outcome", _S),
         ("attempt", pa.int32()),
         ("runner", _S),
+        ("environment", _S),
+        ("isolation", _S),
         ("served_model", _S),
         ("started", TIME_TYPE),
         ("finished", TIME_TYPE),

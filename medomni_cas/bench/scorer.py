@@ -66,6 +66,7 @@ __all__ = [
     "expected_jobs",
     "jobs_of",
     "prediction_table",
+    "row_dicts",
     "rows_table",
     "score_jobs",
     "write_results",
@@ -645,6 +646,12 @@ def rows_table(rows: Sequence[ScoreRow]) -> pa.Table:
     return pa.table(data, schema=SCORE_SCHEMA)
 
 
+def row_dicts(rows: Sequence[ScoreRow]) -> list[dict[str, object]]:
+    """Score rows as plain dicts with every field, those at their defaults too (records
+    leave them out of their bytes; a reader of results.json should not have to know them)."""
+    return [msgspec.to_builtins(msgspec.structs.asdict(r)) for r in rows]
+
+
 def write_results(scored: Scored, folder: Path) -> tuple[Path, Path]:
     """``results.json`` and ``results.parquet`` in ``folder`` (the result id in both)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -656,7 +663,7 @@ def write_results(scored: Scored, folder: Path) -> tuple[Path, Path]:
         "seed": scored.record.seed,
         "partial": scored.record.partial,
         "arms": list(scored.record.arms),
-        "rows": msgspec.to_builtins(scored.record.rows),
+        "rows": row_dicts(scored.record.rows),
     }
     j = folder / "results.json"
     j.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")

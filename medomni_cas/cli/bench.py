@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+import msgspec
+
 from medomni_cas import porcelain
-from medomni_cas.bench.harness import RERUNS, CheckFailed, JobReport
+from medomni_cas.bench.harness import RERUNS, CheckFailed, JobReport, report_json
 from medomni_cas.bench.runfolders import import_run_folder
 from medomni_cas.bench.runners import runner_names
-from medomni_cas.bench.scorer import PartialScore
+from medomni_cas.bench.scorer import PartialScore, row_dicts
 from medomni_cas.cli._output import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -56,6 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 runner_options=dict(_option(o) for o in args.runner_option or ()),
                 arms=args.arm,
                 studio=args.studio,
+                bench=args.bench,
                 runs_dir=args.runs,
                 progress=bars(args),
                 reps=args.reps,
@@ -73,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_PROBLEM
     for notice in report.notices:
         sys.stderr.write(f"medomni: {notice}\n")
-    jobs = [{**to_builtins(j.__dict__), "complete": j.complete} for j in report.jobs]
+    jobs = [msgspec.json.decode(report_json(j)) for j in report.jobs]
     data = {
         "task_set": report.task_set,
         "agent_config": report.agent_config,
@@ -160,7 +163,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         "result": report.result,
         "partial": report.scored.record.partial,
         "files": [str(p) for p in paths],
-        "rows": list(rows),
+        "rows": row_dicts(rows),
     }
     emit(args, to_builtins(data), lines)
     return EXIT_OK
@@ -193,9 +196,10 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r.add_argument("--reps", type=int, default=1, help="repetitions of each atom task")
     r.add_argument(
         "--runner",
-        default="process",
+        default=None,
         choices=runner_names(),
-        help="how agents run (default: process)",
+        help="how agents run (default: the runner of the agent config's scaffold: process for "
+        "a command, replay for replay, harbor for a Harbor agent)",
     )
     r.add_argument(
         "--runner-option",

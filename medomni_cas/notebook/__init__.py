@@ -219,7 +219,7 @@ class WorkspaceView:
         set_name: str,
         agent: str | Path | AgentConfig,
         arms: Sequence[str] | None = None,
-        runner: str | Runner = "process",
+        runner: str | Runner | None = None,
         *,
         progress: bool = True,
         studio: str | Path | None = None,

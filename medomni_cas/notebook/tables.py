@@ -249,6 +249,8 @@ def runs_table(store: Store, jobs: Sequence[Job]) -> pa.Table:
                     "outcome": run.outcome,
                     "attempt": run.attempt,
                     "runner": run.runner,
+                    "environment": run.environment,
+                    "isolation": run.isolation,
                     "served_model": run.served_model,
                     "started": _time(run.started),
                     "finished": _time(run.finished),

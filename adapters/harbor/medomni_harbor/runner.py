@@ -41,7 +41,9 @@ import queue
 import shutil
 import threading
 import time
+import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,6 +53,7 @@ import blake3
 import medomni_harbor  # noqa: F401 - makes Harbor offline before it is imported
 from medomni_cas.bench.encoder_calls import read_call_log
 from medomni_cas.bench.harness.checks import oracle_answer
+from medomni_cas.bench.records import AgentConfig as AgentRecord
 from medomni_cas.bench.records import EncoderServed, Outcome
 from medomni_cas.bench.refnames import agent_ref
 from medomni_cas.bench.replay import source_run
@@ -72,6 +75,8 @@ _INFRA_TYPES = frozenset(
     {"ContainerFailure", "DockerException", "APIError", "ConnectionError", "ReadTimeout"}
 )
 _DONE = object()
+#: Harbor's environment types that run a container on this machine (anything else is remote)
+_LOCAL_TYPES = frozenset({"docker", "podman", "apple-container", "singularity", "sbx"})
 
 
 def _option(value: Any, name: str, default: Any) -> Any:
@@ -85,6 +90,23 @@ class HarborRunner(Runner):
     name: ClassVar[str] = "harbor"
     description: ClassVar[str] = "Harbor trials in containers, closed network, perception sidecar"
     isolated: ClassVar[bool] = True
+
+    @classmethod
+    def picks(cls, agent: AgentRecord) -> bool:
+        """The runner for Harbor's agents (``terminus-2``, ``oracle``, ``nop``...) and for
+        ``settings.harbor_agent``."""
+        from harbor.models.agent.name import AgentName
+
+        return agent.scaffold in AgentName.values() or isinstance(
+            agent.options.get("harbor_agent"), str
+        )
+
+    @classmethod
+    def drives(cls, agent: AgentRecord) -> bool:
+        """Those, and replays and agent commands (run on the host against the container)."""
+        cmd = agent.options.get("command")
+        command = isinstance(cmd, list) and bool(cmd) and all(isinstance(c, str) for c in cmd)
+        return cls.picks(agent) or agent.scaffold == "replay" or command
 
     def __init__(
         self,
@@ -116,6 +138,20 @@ class HarborRunner(Runner):
     @property
     def ours(self) -> bool:
         return self.environment == "docker"
+
+    def where(self) -> tuple[str, str]:
+        """The trials' (environment, isolation), as run records say (`RunRecord.isolation`):
+        only our docker environment has the closed network we set up ("container"); a
+        container of another Harbor environment on this machine has what that environment
+        gave it ("harbor-container"); any other type runs on someone else's machines
+        ("remote"), and a ``module:Class`` is not known ("unknown")."""
+        if self.ours:
+            return "docker", "container"
+        if ":" in self.environment:
+            return self.environment, "unknown"
+        if self.environment == "harbor-docker" or self.environment in _LOCAL_TYPES:
+            return self.environment, "harbor-container"
+        return self.environment, "remote"
 
     def perception_image(self) -> str:
         if self._perception_image is None:
@@ -341,26 +377,44 @@ class HarborRunner(Runner):
                 thread.join(timeout=120)
             self.timings["harbor"] += time.perf_counter() - t0
         # Harbor stopped without a result for these (it failed as a whole): the
-        # infrastructure's failure, so the harness runs them again on resume
+        # infrastructure's failure, so the harness runs them again on resume. Each gets the
+        # exception of its own trial when Harbor raised one, else what stopped the job.
         error = state.get("error")
-        for spec in specs.values():
+        own, other = _trial_causes(error) if error is not None else ({}, None)
+        environment, isolation = self.where()
+        for name, spec in specs.items():
             now = _iso(datetime.now(UTC))
-            yield Trial(
+            trial = Trial(
                 slot=spec.slot,
                 attempt=spec.attempt,
                 outcome="infra-error",
                 started=now,
                 finished=now,
                 elapsed_ms=0,
-                errors=[
-                    f"harbor: {type(error).__name__}: {error}" if error else "harbor: no result"
-                ],
+                environment=environment,
+                isolation=isolation,
             )
+            cause = own.get(name) or other
+            if cause is not None:
+                trial.errors = [f"harbor: {line}" for line in cause.lines]
+            elif own:  # cancelled when another trial's exception stopped the job
+                first, cause = next(iter(own.items()))
+                trial.errors = [
+                    f"harbor: not run: Harbor stopped the job when trial {first} failed: "
+                    + cause.lines[0]
+                ]
+            else:
+                trial.errors = ["harbor: no result"]
+            if cause is not None:
+                trial.logs = {"harbor.exception.txt": cause.text.encode()}
+            yield trial
 
     def _collect(self, job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
         t0 = time.perf_counter()
         try:
-            return trial_from_result(job, spec, trial_dir)
+            trial = trial_from_result(job, spec, trial_dir)
+            trial.environment, trial.isolation = self.where()
+            return trial
         finally:
             self.timings["collect"] += time.perf_counter() - t0
 
@@ -412,6 +466,92 @@ def _harbor_thread(config: Any, results: queue.Queue[Any], state: dict[str, Any]
         results.put(_DONE)
 
 
+# -- why trials failed -------------------------------------------------------------------------
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside ``error``, exception groups (Harbor's task group) unwrapped."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for sub in error.exceptions for leaf in _leaves(sub)]
+    return [error]
+
+
+def _describe(error: BaseException) -> list[str]:
+    """``Type: first line of the message`` of an exception, then of each exception it was
+    raised from (its causes), so an error wrapped on the way keeps its root."""
+    out: list[str] = []
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        first = str(e).strip().splitlines()
+        head = f"{type(e).__name__}: {first[0]}" if first else type(e).__name__
+        if not out or head not in out[-1]:
+            out.append(head if not out else f"caused by {head}")
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return out
+
+
+def _trial_of(error: BaseException) -> str | None:
+    """The task name of the Harbor trial ``error`` was raised in: the `TrialConfig` one of the
+    frames it passed through holds (Harbor's exceptions name no trial)."""
+    from harbor.models.trial.config import TrialConfig
+
+    tb = error.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if isinstance(value, TrialConfig):
+                return Path(str(value.task.path)).name
+        tb = tb.tb_next
+    return None
+
+
+@dataclass(frozen=True)
+class _Cause:
+    """Why a trial failed: its error lines, and the traceback kept with its run."""
+
+    lines: list[str]
+    text: str
+
+
+def _trial_causes(error: BaseException) -> tuple[dict[str, _Cause], _Cause | None]:
+    """What a Harbor job that failed as a whole raised: per task name, its trial's own
+    exception; and the first exception raised in no trial."""
+    own: dict[str, _Cause] = {}
+    other: _Cause | None = None
+    for leaf in _leaves(error):
+        if isinstance(leaf, asyncio.CancelledError):
+            continue
+        cause = _Cause(_describe(leaf), "".join(traceback.format_exception(leaf)))
+        name = _trial_of(leaf)
+        if name is not None:
+            own.setdefault(name, cause)
+        elif other is None:
+            other = cause
+    return own, other
+
+
+def _traceback_causes(text: str) -> list[str]:
+    """The last line of each exception in a formatted traceback: of each sub-exception of an
+    exception group (``| Type: message`` at the end of each numbered block), else the
+    traceback's own last line."""
+    blocks: list[list[str]] = [[]]
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("+-") or line.startswith("+ "):
+            blocks.append([])  # a sub-exception's block starts or ends
+            continue
+        line = line.lstrip("| ").strip() if line.startswith("|") else line
+        if line:
+            blocks[-1].append(line)
+    out = []
+    for block in blocks[1:] or blocks:
+        last = block[-1] if block else ""
+        if last and not last.startswith(("File ", "Traceback ", "^")) and "Group" not in last:
+            out.append(last)
+    if not out and text.strip():
+        out.append(text.strip().splitlines()[-1].lstrip("| "))
+    return list(dict.fromkeys(out))
+
+
 def _finished(jobs: Path, wanted: set[str]) -> Iterator[tuple[str, Path]]:
     """(task name, trial folder) of trials with a complete ``result.json`` for a wanted task,
     in any Harbor job under ``jobs``; the latest one per task."""
@@ -453,7 +593,12 @@ def _outcome(result: Any, answered: bool) -> tuple[Outcome, list[str]]:
     errors = []
     if exc is not None:
         first = (exc.exception_message or "").strip().splitlines()
-        errors.append(f"{exc.exception_type}: {first[0] if first else ''}".rstrip(": "))
+        if "ExceptionGroup" in exc.exception_type or not first:
+            # a group's message is a count, an empty one says nothing: the traceback's last
+            # lines say what was raised
+            errors += _traceback_causes(exc.exception_traceback or "") or [exc.exception_type]
+        else:
+            errors.append(f"{exc.exception_type}: {first[0]}")
         kind, cause = exc.exception_type, exc.policy.cause.value
         infra = cause in _INFRA_CAUSES or kind in _INFRA_TYPES
         if kind == "AgentTimeoutError":

@@ -9,7 +9,7 @@
    latest run, so resuming is one ref read per slot. A slot is claimed create-only before it
    runs (`harness.claims`), so two harnesses on one store never run it twice.
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
-   then writes the run folder as a view.
+   then writes the run folder as a view, and the call's `JobReport` in it (``report.json``).
 
 A slot is done when its run ended with an outcome of the agent's own. A run that failed for
 the infrastructure is kept, and the slot runs again on resume, up to ``max_attempts``. The
@@ -18,6 +18,7 @@ refs it reads and moves are listed in `medomni_cas.bench.refnames`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
 from medomni_cas.bench.harness.checks import (
     CheckFailed,
     check_built,
+    check_card,
     check_posix_permissions,
     check_routes,
 )
@@ -49,6 +51,7 @@ from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
+from medomni_cas.store.files import atomic_write
 from medomni_cas.store.ids import ObjectId, id_from_digest
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_builds, arm_label
@@ -61,9 +64,12 @@ __all__ = [
     "CheckFailed",
     "JobReport",
     "Rerun",
+    "Resume",
     "RunReport",
     "RunState",
     "check_posix_permissions",
+    "report_json",
+    "resume",
     "job_ref",
     "run_set",
     "run_states",
@@ -145,10 +151,8 @@ class _Planned:
 
     job: Job
     previous: dict[ObjectId, ObjectId | None]  # slot to run -> its latest run
-    slots: list[bytes]  # every slot of the job, in the arm's atom order
+    plan: Resume
     rows: ArmRows
-    scope: list[bytes]  # the slots this call is asked for (its shard's)
-    done: int  # slots in scope with a final run this call does not redo
 
 
 # -- resume -----------------------------------------------------------------------------------
@@ -213,6 +217,73 @@ def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
     return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
 
 
+@dataclass
+class Resume:
+    """Where a job's slots stand before it runs: the resume check's answer."""
+
+    slots: list[bytes]  # every slot of the job (digests), in the arm's atom order
+    to_run: list[tuple[int, int, ObjectId | None]]  # (atom index, attempt, latest run)
+    scope: int = 0  # slots this call is asked for (its shard's)
+    done: int = 0  # slots in scope with a final run this call does not redo
+    outcomes: dict[str, int] = field(default_factory=dict)  # of those final runs
+    unanswered: int = 0  # of those final runs, those without a scored answer
+
+
+def resume(
+    store: Store,
+    atoms: Sequence[ObjectId],
+    agent_config: ObjectId,
+    arm_label: str,
+    repetition: int,
+    *,
+    shard: tuple[int, int] | None = None,
+    rerun: Rerun | None = None,
+    max_attempts: int = 3,
+) -> Resume:
+    """The resume check of one job: every slot's id, one batch of ref reads, then each
+    final run's outcome, attempt and arm check (a view of its verified bytes); counts what
+    is done. The loop is the hot path of resuming 100,000 slots: it stays flat."""
+    slots = slot_digests(atoms, agent_config, arm_label, repetition)
+    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
+    views: dict[ObjectId, _RunState] = {}
+    decode = encoding.decode_view
+    for rid, data in store.get_raw_many([r for r in lasts if r is not None]):
+        try:
+            views[rid] = decode(data, _RunState)
+        except InvalidObject as e:
+            raise MedomniError(f"run slot points at {rid}: {e}") from None
+    plan = Resume(slots, [])
+    to_run = plan.to_run.append
+    final = AGENT_OUTCOMES
+    done: list[str] = []
+    keep = done.append
+    unmet = 0
+    for i, (digest, last) in enumerate(zip(slots, lasts, strict=True)):
+        if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:
+            continue
+        plan.scope += 1
+        if last is None:
+            to_run((i, 1, None))
+            continue
+        view = views[last]
+        outcome = view.outcome
+        if rerun is None:
+            redo = outcome not in final and view.attempt < max_attempts
+        else:
+            redo = _redo(RunState(outcome, view.attempt, view.agent_block.meets_arm), rerun, 0)
+        if redo:
+            to_run((i, view.attempt + 1, last))
+            continue
+        keep(outcome)
+        if outcome == "answered" and not view.agent_block.meets_arm:
+            unmet += 1
+    outcomes = Counter(done)
+    plan.done = len(done)
+    plan.outcomes = dict(sorted(outcomes.items()))
+    plan.unanswered = len(done) - outcomes.get("answered", 0) + unmet
+    return plan
+
+
 # -- planning ---------------------------------------------------------------------------------
 def _entries(view: SetView, arms: Sequence[str] | None) -> list[SetEntry]:
     if arms:
@@ -233,6 +304,7 @@ def run_set(
     *,
     runs_dir: Path,
     studio: Path | None,
+    bench: Path | None = None,
     runner: str | Runner = "process",
     arms: Sequence[str] | None = None,
     reps: int = 1,
@@ -278,6 +350,7 @@ def run_set(
     notices: list[str] = []
     built = check_built(store, entries, problems)
     check_routes(store, entries, agent, studio, accept_conditions, problems, notices)
+    check_card(name, agent, bench, problems, notices)
     if problems:  # damaged tasks cannot even be planned; report before reading them again
         raise CheckFailed(sorted(dict.fromkeys(problems)))
 
@@ -309,31 +382,26 @@ def run_set(
                 budget=budget,
                 runner=impl.name,
             )
+            plan = resume(
+                store,
+                [aid for aid, _ in atoms],
+                agent_id,
+                label,
+                rep,
+                shard=shard,
+                rerun=rerun,
+                max_attempts=max_attempts,
+            )
             previous: dict[ObjectId, ObjectId | None] = {}
-            # resume: one batch of ref reads per job, then only outcome and attempt of runs
-            slots = slot_digests([aid for aid, _ in atoms], agent_id, label, rep)
-            lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
-            states = run_states(store, [r for r in lasts if r is not None])
-            scope: list[bytes] = []
-            done = 0
-            for (aid, atom), digest, last in zip(atoms, slots, lasts, strict=True):
-                if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:
-                    continue
-                scope.append(digest)
-                attempt = 1
-                if last is not None:
-                    state = states[last]
-                    if not _redo(state, rerun, max_attempts):
-                        done += 1
-                        continue  # done (or given up on): resume skips it
-                    attempt = state.attempt + 1
+            for i, attempt, last in plan.to_run:
+                aid, atom = atoms[i]
                 check = checks.get(atom.format_check)
                 if check is None:
                     check = checks[atom.format_check] = store.get(atom.format_check, FormatCheck)
-                slot = id_from_digest(digest)  # only a slot that runs needs its id
+                slot = id_from_digest(plan.slots[i])  # only a slot that runs needs its id
                 job.trials.append(TrialSpec(slot, attempt, aid, atom, check))
                 previous[slot] = last
-            planned.append(_Planned(job, previous, slots, rows, scope, done))
+            planned.append(_Planned(job, previous, plan, rows))
             if job.trials:
                 problems += [f"{label} r{rep}: {p}" for p in impl.check(job)]
     if problems:
@@ -410,11 +478,12 @@ def _run_job(
     progress: Progress | None,
     fail_fast: int,
 ) -> JobReport:
-    job, slots = planned.job, planned.slots
+    job, slots = planned.job, planned.plan.slots
     started, job.name = _job_started(store, view, job)
     job.folder = runs_dir / job.name
     ran = infra = 0
     held: list[str] = []
+    held_slots: set[bytes] = set()
     stopped = ""
     # the errors of this call's first runs, until one answers or fail_fast of them are in
     failures: list[str] = []
@@ -428,6 +497,7 @@ def _run_job(
                 mine.append(t)
             else:
                 held.append(_holder(store, t.slot))
+                held_slots.add(t.slot)
         job.trials = mine
         specs = {t.slot: t for t in job.trials}
         try:
@@ -480,23 +550,39 @@ def _run_job(
         job.folder,
         len(slots),
         ran,
-        done=planned.done,
+        done=planned.plan.done,
         held=held,
-        outside_shard=len(slots) - len(planned.scope),
+        outside_shard=len(slots) - planned.plan.scope,
         infra_errors=infra,
         stopped=stopped,
     )
-    _count(store, planned.scope, report)
+    _count(store, planned, report, held_slots)
     if runs:
         write_run_folder(store, jid, job.folder)
+    if job.folder.is_dir():
+        atomic_write(job.folder / "report.json", report_json(report), durable=False)
     return report
 
 
-def _count(store: Store, scope: list[bytes], report: JobReport) -> None:
-    """Fill in where the slots in scope stand now: outcomes, unanswered, never run."""
-    lasts = store.refs.get_many_by_id(SLOT_REFS, scope)
+def report_json(report: JobReport) -> bytes:
+    """A job's report as ``report.json`` in its run folder and ``bench run --json`` hold it."""
+    doc = dict(vars(report))
+    doc["job"] = report.job.hex()
+    doc["folder"] = str(report.folder)
+    doc["complete"] = report.complete
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+
+
+def _count(store: Store, planned: _Planned, report: JobReport, held: set[bytes]) -> None:
+    """Fill in where the slots in scope stand now: those done before as the resume check
+    found them, those planned to run as their refs say after the run (but those another
+    harness held, which the report counts as held)."""
+    outcomes = dict(planned.plan.outcomes)
+    report.unanswered = planned.plan.unanswered
+    slots = [planned.plan.slots[i] for i, _, _ in planned.plan.to_run]
+    slots = [s for s in slots if s not in held]
+    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
     states = run_states(store, [r for r in lasts if r is not None])
-    outcomes: dict[str, int] = {}
     for last in lasts:
         if last is None:
             report.never_run += 1
@@ -505,5 +591,3 @@ def _count(store: Store, scope: list[bytes], report: JobReport) -> None:
         outcomes[state.outcome] = outcomes.get(state.outcome, 0) + 1
         report.unanswered += not state.answered
     report.outcomes = dict(sorted(outcomes.items()))
-    # a slot held by another harness has no final run of ours: it counts as held, not twice
-    report.never_run = max(0, report.never_run - len(report.held))

@@ -6,6 +6,7 @@
   (the answer key's values, given from outside the task) must pass it and score perfectly.
 * Routes: the agent's route against each dataset's policy (deny refuses; conditional needs
   ``accept_conditions``).
+* The card: the agent's intelligence kind must be one the benchmark's card accepts.
 * The runs folder keeps POSIX permissions.
 
 What the runner needs (its own `Runner.check`) is asked by `run_set` once the jobs are planned.
@@ -22,6 +23,7 @@ from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.store.verify import verify_closure
 from medomni_cas.studio.arms import arm_label
+from medomni_cas.studio.benchmarks import find_benchmarks, read_card, split_set_name
 from medomni_cas.studio.folders import load_dataset
 from medomni_cas.studio.records import (
     AnswerKey,
@@ -35,6 +37,7 @@ from medomni_cas.studio.records import (
 __all__ = [
     "CheckFailed",
     "check_built",
+    "check_card",
     "check_posix_permissions",
     "check_routes",
     "oracle_answer",
@@ -156,3 +159,30 @@ def check_routes(
                     f"route: dataset {ds_name} allows the {agent.route} route only if: {text} "
                     "(run again with --accept-conditions if you meet them)"
                 )
+
+
+def check_card(
+    set_name: str,
+    agent: AgentConfig,
+    bench: Path | None,
+    problems: list[str],
+    notices: list[str],
+) -> None:
+    """The agent's intelligence kind against the card of the set's benchmark: its
+    ``benchmark.yaml`` in ``bench`` (the bench folder) or a plug-in's, which must list it in
+    ``intelligence_kinds``. A card found nowhere cannot be checked, and says so."""
+    name, _ = split_set_name(set_name)
+    found = find_benchmarks(bench).get(name)
+    if found is None:
+        where = f"{bench / 'benchmarks'}/ or plug-ins" if bench is not None else "plug-ins"
+        notices.append(
+            f"card: no benchmark.yaml for {name} in {where}, so the intelligence kinds it "
+            "accepts were not checked"
+        )
+        return
+    kinds = read_card(found.path).intelligence_kinds
+    if agent.kind not in kinds:
+        problems.append(
+            f"card: {found.path / 'benchmark.yaml'}: intelligence_kinds accepts "
+            f"{', '.join(kinds)}, not agent config {agent.name}'s kind {agent.kind!r}"
+        )
