@@ -51,6 +51,7 @@ from benchmarks_perf.bench_score import bench_scoring
 from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.columns import PREDICTION_SCHEMA, put_columns
 from medomni_cas.bench.harness import resume, run_states
+from medomni_cas.bench.harness.claims import Lease
 from medomni_cas.bench.records import (
     AGENT_OUTCOMES,
     AgentBlock,
@@ -461,8 +462,12 @@ class _TwoFields(encoding.View):
 
 @contextlib.contextmanager
 def _heartbeat(store: mc.Store) -> Iterator[None]:
-    """The lease a harness holds while it plans and runs, its heartbeat renewing."""
-    yield
+    """The lease a harness holds while it plans and runs, its heartbeat renewing every
+    second (a default lease renews every 20 s)."""
+    with Lease(store, 3.0) as lease:
+        lease.start()
+        yield
+        lease.check()  # it was renewed all along
 
 
 # -- 3. audit -------------------------------------------------------------------------------

@@ -208,6 +208,14 @@ class ProcessRunner(Runner):
                 os.killpg(proc.pid, 9)
             out, err = proc.communicate()
             return "timeout", [f"no answer within {limit} s"], out, err
+        except BaseException:  # the harness was stopped (a signal): the trial ends with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            proc.wait()  # not communicate: a child that left the group may hold the pipes
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            raise
         if proc.returncode != 0:
             return "agent-failed", [f"exit status {proc.returncode}"], out, err
         return "answered", [], out, err

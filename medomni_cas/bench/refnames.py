@@ -5,8 +5,13 @@ Namespace
 Each prefix, what its refs point at, and who moves them::
 
     runs/slots/<slot hex>           the run slot's latest `RunRecord`      recording.record_trial
-    runs/claims/<slot hex>          a claim blob "<host> <pid> <time>",    harness.claims
+    runs/claims/<slot hex>          a claim blob naming its holder         harness.claims
+                                    "<host> <pid> <start> <nonce> <lease>"
+                                    (before leases: "<host> <pid> <time>"),
                                     create-only while the slot runs
+    runs/leases/<nonce>             a harness's heartbeat, a blob "<host>  harness.claims
+                                    <pid> <start> <nonce> <lease> <time>"
+                                    renewed every lease/3 while it works
     runs/jobs/<job key hex>         the job's `JobRecord`                  recording.record_job
     runs/job-names/<job key hex>    a blob "<started>\\n<run folder name>", harness (first start)
                                     create-only
@@ -32,6 +37,7 @@ __all__ = [
     "CLAIM_REFS",
     "JOB_NAME_REFS",
     "JOB_REFS",
+    "LEASE_REFS",
     "RESULT_REFS",
     "SLOT_REFS",
     "agent_ref",
@@ -39,6 +45,7 @@ __all__ = [
     "claim_ref",
     "job_name_ref",
     "job_ref",
+    "lease_ref",
     "result_ref",
     "slot_of_claim",
     "slot_ref",
@@ -48,6 +55,7 @@ SLOT_REFS = "runs/slots/"
 CLAIM_REFS = "runs/claims/"
 JOB_REFS = "runs/jobs/"
 JOB_NAME_REFS = "runs/job-names/"
+LEASE_REFS = "runs/leases/"
 AGENT_REFS = "bench/agents/"
 RESULT_REFS = "results/"
 ANSWER_REFS = "scores/answers/"
@@ -68,6 +76,11 @@ def slot_of_claim(name: str) -> bytes | None:
         return bytes.fromhex(name.removeprefix(CLAIM_REFS))
     except ValueError:
         return None
+
+
+def lease_ref(nonce: str) -> str:
+    """``runs/leases/<nonce>``: the heartbeat of the harness whose claims name ``nonce``."""
+    return f"{LEASE_REFS}{nonce}"
 
 
 def _job_key(task_set: ObjectId, agent: ObjectId, arm_label: str, rep: int) -> str:

@@ -11,7 +11,16 @@ import sys
 import msgspec
 
 from medomni_cas import porcelain
-from medomni_cas.bench.harness import RERUNS, CheckFailed, JobReport, report_json
+from medomni_cas.bench.harness import (
+    RERUNS,
+    CheckFailed,
+    Interrupted,
+    JobReport,
+    LeaseLost,
+    RunReport,
+    report_json,
+)
+from medomni_cas.bench.harness.claims import DEFAULT_LEASE
 from medomni_cas.bench.runfolders import import_run_folder
 from medomni_cas.bench.runners import runner_names
 from medomni_cas.bench.scorer import PartialScore, row_dicts
@@ -47,6 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Check the set, then run every slot that has no run yet (resuming is running again)."""
     folders = workspace_folders()
     agent = porcelain.agent_config(args.agent, folders=folders, bench=args.bench)
+    stopped: Interrupted | LeaseLost | None = None
     with open_store(args) as store:
         try:
             report = porcelain.run(
@@ -68,16 +78,33 @@ def cmd_run(args: argparse.Namespace) -> int:
                 shard=args.shard,
                 rerun=args.rerun,
                 fail_fast=args.fail_fast,
+                claim_timeout=args.claim_timeout,
             )
         except CheckFailed as e:
             sys.stderr.write(f"medomni: {e}\n")
             if json_mode(args):
                 emit(args, {"error": {"type": "CheckFailed", "problems": e.problems}}, "")
             return EXIT_PROBLEM
+        except (Interrupted, LeaseLost) as e:
+            # stopped: the claims are released and what finished is recorded; say what
+            stopped = e
+            if e.report is None:
+                sys.stderr.write(f"medomni: {e}; nothing was run\n")
+                return e.exit_status if isinstance(e, Interrupted) else EXIT_PROBLEM
+            report = e.report
+    _print_run(args, report, stopped)
+    if isinstance(stopped, Interrupted):
+        return stopped.exit_status
+    return EXIT_OK if stopped is None and report.complete else EXIT_PROBLEM
+
+
+def _print_run(
+    args: argparse.Namespace, report: RunReport, stopped: Interrupted | LeaseLost | None
+) -> None:
     for notice in report.notices:
         sys.stderr.write(f"medomni: {notice}\n")
     jobs = [msgspec.json.decode(report_json(j)) for j in report.jobs]
-    data = {
+    data: dict[str, object] = {
         "task_set": report.task_set,
         "agent_config": report.agent_config,
         "complete": report.complete,
@@ -88,10 +115,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if j.stopped:
             lines.append(f"{j.name}: stopped after {args.fail_fast} runs failed alike: {j.stopped}")
     lines.append(f"{report.ran} runs in {len(report.jobs)} jobs")
-    if not report.complete:
+    if stopped is not None:
+        # on stderr too: under --json the reason would otherwise be lost
+        sys.stderr.write(f"medomni: {stopped}; claims released, the runs that finished recorded\n")
+        data["stopped"] = str(stopped)
+    elif not report.complete:
         lines.append("not every slot asked for has a final run with an answer (see above): exit 1")
     emit(args, to_builtins(data), lines)
-    return EXIT_OK if report.complete else EXIT_PROBLEM
 
 
 def _job_line(j: JobReport) -> str:
@@ -234,6 +264,14 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "error (default 5; 0: never)",
     )
     r.add_argument("--budget", type=int, default=8, help="encoder calls per atom task")
+    r.add_argument(
+        "--claim-timeout",
+        type=float,
+        default=DEFAULT_LEASE,
+        metavar="SECONDS",
+        help="this harness's lease: how long other harnesses wait for its heartbeat before "
+        f"they take its slots over (default {DEFAULT_LEASE:g})",
+    )
     r.add_argument(
         "--shard",
         type=shard_arg,

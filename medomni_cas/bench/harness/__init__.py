@@ -6,10 +6,16 @@
    service, an image).
 2. Runs one job per arm (and rung) x repetition, slot by slot. A run slot's id is
    ``hash(atom, agent config, arm label, repetition)``; ``runs/slots/<slot>`` points at its
-   latest run, so resuming is one ref read per slot. A slot is claimed create-only before it
-   runs (`harness.claims`), so two harnesses on one store never run it twice.
+   latest run, so resuming is one ref read per slot. A slot is claimed before it runs, under
+   a lease its harness keeps alive with a heartbeat (`harness.claims`), so two harnesses on
+   one store never run it twice, and the slots of a harness that died are taken over once
+   its lease lapses.
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
    then writes the run folder as a view, and the call's `JobReport` in it (``report.json``).
+
+SIGINT and SIGTERM stop it (`harness.interrupts`): it ends the trial in flight, starts no
+other, releases its claims, records the job with the runs that finished, and raises
+`Interrupted` (the CLI exits 130 / 143). So does a lease it could not renew (`LeaseLost`).
 
 A slot is done when its run ended with an outcome of the agent's own. A run that failed for
 the infrastructure is kept, and the slot runs again on resume, up to ``max_attempts``. The
@@ -28,6 +34,7 @@ from typing import Literal, NamedTuple, get_args
 import msgspec
 
 from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
+from medomni_cas.bench.harness import interrupts
 from medomni_cas.bench.harness.checks import (
     CheckFailed,
     check_built,
@@ -35,7 +42,8 @@ from medomni_cas.bench.harness.checks import (
     check_posix_permissions,
     check_routes,
 )
-from medomni_cas.bench.harness.claims import claim, release, sweep
+from medomni_cas.bench.harness.claims import DEFAULT_LEASE, Holder, Lease, LeaseLost
+from medomni_cas.bench.harness.interrupts import Interrupted
 from medomni_cas.bench.recording import record_job, record_trial
 from medomni_cas.bench.records import (
     AGENT_OUTCOMES,
@@ -46,7 +54,7 @@ from medomni_cas.bench.records import (
     RunRecord,
     slot_digests,
 )
-from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, claim_ref, job_name_ref, job_ref
+from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, job_name_ref, job_ref
 from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.errors import InvalidObject, MedomniError
@@ -62,7 +70,10 @@ __all__ = [
     "PREDICTION_COLUMNS",
     "RERUNS",
     "CheckFailed",
+    "Holder",
+    "Interrupted",
     "JobReport",
+    "LeaseLost",
     "Rerun",
     "Resume",
     "RunReport",
@@ -297,6 +308,7 @@ def _entries(view: SetView, arms: Sequence[str] | None) -> list[SetEntry]:
     return list(view.entries)
 
 
+@interrupts.stop_on_signals()
 def run_set(
     store: Store,
     name: str,
@@ -311,7 +323,7 @@ def run_set(
     accept_conditions: bool = False,
     max_attempts: int = 3,
     budget: int = 8,
-    claim_timeout: float = 6 * 3600.0,
+    claim_timeout: float = DEFAULT_LEASE,
     progress: Progress | None = None,
     shard: tuple[int, int] | None = None,
     rerun: Rerun | None = None,
@@ -328,6 +340,11 @@ def run_set(
     "failed" (also agent-failed and timeout), "unanswered" (every run without a scored
     answer) or "all". ``fail_fast=K`` stops a job whose first K runs of this call all ended
     without an answer with the same error (0: never).
+
+    ``claim_timeout`` is this harness's lease in seconds: how long other harnesses wait for
+    its heartbeat before they take its slots over. Raises `Interrupted` on SIGINT / SIGTERM
+    and `LeaseLost` when the lease could not be kept, each with ``report`` (what was
+    recorded) set.
     """
     if reps < 1:
         raise MedomniError(f"--reps must be at least 1, got {reps}")
@@ -337,6 +354,10 @@ def run_set(
         raise MedomniError(f"--fail-fast must be 0 (off) or more, got {fail_fast}")
     if max_attempts < 1:
         raise MedomniError(f"--max-attempts must be at least 1, got {max_attempts}")
+    if not claim_timeout > 0:
+        raise MedomniError(
+            f"--claim-timeout wants a positive number of seconds, got {claim_timeout}"
+        )
     if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise MedomniError(f"shard {shard[0]}/{shard[1]}: want i/n with 0 <= i < n")
     view = show_set(store, name)
@@ -411,10 +432,20 @@ def run_set(
     if store.refs.get(agent_ref(agent.name)) != agent_id:
         # harnesses of one set may start together: retry, the last config named wins
         store.refs.update(agent_ref(agent.name), lambda _cur: agent_id, message="bench run")
-    for p in planned:
-        report.jobs.append(
-            _run_job(store, view, impl, p, runs_dir, claim_timeout, progress, fail_fast)
-        )
+    try:
+        # a signal waits for a check (between claims, before a trial) or the runner (which
+        # it interrupts): a run is recorded whole or not at all, and each job with what ran
+        with interrupts.protected(), Lease(store, claim_timeout) as lease:
+            for p in planned:
+                interrupts.check()
+                report.jobs.append(
+                    _run_job(store, view, impl, p, runs_dir, lease, progress, fail_fast)
+                )
+    except (Interrupted, LeaseLost) as e:
+        if e.job is not None and e.job not in report.jobs:
+            report.jobs.append(e.job)
+        e.report = report
+        raise
     return report
 
 
@@ -447,18 +478,6 @@ def _job_started(store: Store, view: SetView, job: Job) -> tuple[str, str]:
     return started, name
 
 
-def _holder(store: Store, slot: ObjectId) -> str:
-    """Who holds ``slot``'s claim, as the report prints it."""
-    held = store.refs.get(claim_ref(slot))
-    if held is None:
-        return "a harness that has since let go"
-    try:
-        host, pid, _ = store.read_blob(held).decode().split()[:3]
-    except (ValueError, KeyError):
-        return "an unreadable claim"
-    return f"{host} pid {pid}"
-
-
 def _error_of(record: RunRecord, trial: Trial) -> str:
     """A run's failure as fail-fast compares it: its outcome and first error, with the last
     line the agent wrote to stderr (where a broken install says what is missing)."""
@@ -474,7 +493,7 @@ def _run_job(
     impl: Runner,
     planned: _Planned,
     runs_dir: Path,
-    claim_timeout: float,
+    lease: Lease,
     progress: Progress | None,
     fail_fast: int,
 ) -> JobReport:
@@ -485,33 +504,38 @@ def _run_job(
     held: list[str] = []
     held_slots: set[bytes] = set()
     stopped = ""
+    halted: Interrupted | LeaseLost | None = None
     # the errors of this call's first runs, until one answers or fail_fast of them are in
     failures: list[str] = []
     watching = fail_fast > 0
-    sweep(store, slots, {t.slot for t in job.trials}, claim_timeout)
+    lease.sweep(slots, {t.slot for t in job.trials})
     if job.trials:
-        # claim every slot first: another harness on this store skips what we hold
-        mine = []
-        for t in job.trials:
-            if claim(store, t.slot, claim_timeout):
-                mine.append(t)
-            else:
-                held.append(_holder(store, t.slot))
-                held_slots.add(t.slot)
-        job.trials = mine
-        specs = {t.slot: t for t in job.trials}
+        specs: dict[ObjectId, TrialSpec] = {}
         try:
+            # claim every slot first: another harness on this store skips what we hold
+            for t in job.trials:
+                interrupts.check()
+                holder = lease.claim(t.slot)
+                if holder is None:
+                    specs[t.slot] = t
+                else:
+                    held.append(str(holder))
+                    held_slots.add(t.slot)
+            job.trials = list(specs.values())
             if job.trials:
                 job.folder.mkdir(parents=True, exist_ok=True)
-                impl.prepare(job)
+                with interrupts.interruptible():  # a runner never writes to the store
+                    impl.prepare(job)
                 for stream in (impl.run(job), impl.collect(job)):
-                    for trial in stream:
+                    for trial in interrupts.each(stream, lease.check):
                         spec = specs.pop(trial.slot, None)
                         if spec is None:
                             continue  # a runner reporting a slot twice, or one not ours
+                        if not lease.holds(trial.slot):
+                            continue  # our lease lapsed and another harness took it over
                         previous = planned.previous[trial.slot]
                         _, record = record_trial(store, job, spec, trial, view.task_set, previous)
-                        release(store, trial.slot)
+                        lease.release(trial.slot)
                         ran += 1
                         infra += trial.outcome == "infra-error"
                         if progress is not None:
@@ -530,9 +554,11 @@ def _run_job(
                         if close is not None:
                             close()  # the runner's clean-up: its trial in flight ends
                         break
+        except (Interrupted, LeaseLost) as e:
+            halted = e  # record what finished, then stop
         finally:
             for slot in specs:
-                release(store, slot)  # not run (runner stopped early): free for the next try
+                lease.release(slot)  # not run (runner stopped early): free for the next try
     runs = _final_runs(store, slots)
     assert view.build is not None  # run_set refuses a set without one
     jid = record_job(
@@ -561,6 +587,9 @@ def _run_job(
         write_run_folder(store, jid, job.folder)
     if job.folder.is_dir():
         atomic_write(job.folder / "report.json", report_json(report), durable=False)
+    if halted is not None:
+        halted.job = report
+        raise halted
     return report
 
 
