@@ -491,8 +491,10 @@ def verify(
     jobs: int | None = None,
     progress: Progress | None = None,
 ) -> VerifyReport:
-    """Re-hash every object a result was made from and make its answer columns again; the
-    report names each missing, corrupt or malformed object (``ok`` when there is none)."""
+    """Re-hash every object a result was made from, make its answer columns again and
+    compute its score again from its jobs; the report names each missing, corrupt or
+    malformed object, and each row or link that is not what the jobs give (``ok`` when
+    there is none)."""
     rid = result_id(store, result)
     bar = _bar(progress, None, "obj", "verify")
     try:
@@ -520,8 +522,9 @@ class DiffReport:
 def diff(
     store: Store, a: str | ObjectId, b: str | ObjectId, *, limit: int | None = 50
 ) -> DiffReport:
-    """Which inputs of two results differ; ``limit``: per-patient lines per pair and kind
-    before the rest are counted (None: all)."""
+    """Which inputs of two results differ (none exactly when they are one result; the CLI
+    exits 1 when there are any); ``limit``: per-patient lines per pair and kind before the
+    rest are counted (None: all)."""
     ida, idb = result_id(store, a), result_id(store, b)
     return DiffReport(ida, idb, diff_results(store, ida, idb, limit=limit))
 

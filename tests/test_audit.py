@@ -289,6 +289,16 @@ def test_verify_clean(store: mc.Store, flow: Flow) -> None:
     assert seen and seen[-1] == len(store.closure(ObjectId.from_hex(flow.b)))
 
 
+def test_verify_computes_every_honest_score_again(store: mc.Store, flow: Flow) -> None:
+    for rid in (flow.a, flow.b, flow.c, flow.d):
+        report = verify_result(store, rid, derived=True)
+        assert report.ok and report.score == [], report
+        assert report.rows == len(store.get(rid, Result).rows) and report.jobs_scored == 1
+    # A's job was recorded again since (its key's ref has moved on to C's): a notice only
+    (notice,) = verify_result(store, flow.a, derived=True).notices
+    assert "earlier record" in notice and "agent baseline" in notice
+
+
 def test_verify_finds_every_damaged_object(store: mc.Store, flow: Flow) -> None:
     copy = mc.open("memory://")
     rid = _copy_closure(store, flow.a, copy)
@@ -562,9 +572,10 @@ def test_cli_show_diff_export(
 
     code, out, _ = _run(capsys, "audit", "diff", flow.a, flow.a, *s)
     assert code == 0 and out.splitlines()[-1] == "no differences"
+    # results that differ exit 1, as `git diff --exit-code`
     code, out, _ = _run(capsys, "audit", "diff", flow.a[:12], flow.b, "--json", *s)
     data = json.loads(out)
-    assert code == 0 and data["a"] == flow.a and data["b"] == flow.b
+    assert code == 1 and data["a"] == flow.a and data["b"] == flow.b
     assert {
         "category": "build-config",
         "field": "cohort version",
@@ -635,6 +646,6 @@ def test_cli_takes_the_set_name(capsys: pytest.CaptureFixture[str], flow: Flow) 
     code, out, _ = _run(capsys, "audit", "show", SET, *s)
     assert code == 0 and out.startswith(f"result {flow.c}")
     code, out, _ = _run(capsys, "audit", "diff", flow.a, SET, "--json", *s)
-    assert code == 0 and json.loads(out)["b"] == flow.c
+    assert code == 1 and json.loads(out)["b"] == flow.c
     code, _, err = _run(capsys, "audit", "show", "medomni-bench/none", *s)
     assert code == 2 and "medomni-bench/none" in err

@@ -22,7 +22,11 @@ Fast path first, names later
 What is checked
     Every object's bytes hash to its id, and every linked object is present. With
     ``canonical=True`` each object is also re-encoded and must be in canonical form (what
-    ``medomni cas fsck`` does), at several times the cost.
+    ``medomni cas fsck`` does), at several times the cost. With ``derived=True`` (what
+    ``medomni audit verify`` does), a sound closure's answer columns are made again from
+    its answer keys (`medomni_cas.audit.derived`), and its score is computed again from its
+    jobs and compared row by row, field by field, with its links to jobs, task set and set
+    build checked (`medomni_cas.audit.rederive`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label, short
 from medomni_cas.audit.derived import check_answer_columns
+from medomni_cas.audit.rederive import ScoreProblem, check_score
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
 from medomni_cas.errors import IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
@@ -56,6 +61,7 @@ __all__ = [
     "CORRUPT",
     "MALFORMED",
     "MISSING",
+    "ScoreProblem",
     "VerifyProblem",
     "VerifyReport",
     "render_text",
@@ -95,6 +101,12 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     # with derived=True: each object derived from the closure (the answer columns) that is
     # not what its inputs give when made again
     derived: list[str] = []
+    # with derived=True: what of the score is not what its jobs give (a row's field, a link
+    # to a job, task set or set build, the Parquet table), and how much was compared
+    score: list[ScoreProblem] = []
+    notices: list[str] = []  # the store moved on since the score (not problems)
+    rows: int = 0  # rows compared with the ones computed again
+    jobs_scored: int = 0  # jobs the rows were computed again from
 
     def __repr__(self) -> str:
         return "\n".join(render_text(self))
@@ -110,13 +122,20 @@ def render_text(report: VerifyReport) -> list[str]:
         f"{report.objects:,} objects ({report.bytes:,} bytes) re-hashed in "
         f"{report.seconds:.2f} s{by}, {report.objects_per_sec:,.0f} objects/s"
     )
+    notes = [f"  notice: {n}" for n in report.notices]
+    if report.rows or report.jobs_scored:
+        rate += (
+            f"; {report.rows:,} score rows compared with the rows of {report.jobs_scored}"
+            " job(s) scored again"
+        )
     if report.ok:
-        return [f"result {report.result}: ok", f"  {rate}"]
-    n = len(report.problems) + len(report.derived)
+        return [f"result {report.result}: ok", f"  {rate}", *notes]
+    n = len(report.problems) + len(report.derived) + len(report.score)
     lines = [f"result {report.result}: {n} problem(s)", f"  {rate}"]
     lines += [f"  {p.kind}: {p.message}" for p in report.problems]
     lines += [f"  derived: {d}" for d in report.derived]
-    return lines
+    lines += [f"  {p.kind}: {p.message}" for p in report.score]
+    return lines + notes
 
 
 def verify_result(
@@ -132,8 +151,8 @@ def verify_result(
     see the module docstring. ``progress`` gets the number of objects checked so far;
     ``jobs`` is how many processes may share the work (default: one per core, up to 4; 1:
     this process only). With ``derived``, a sound closure's answer columns are also made
-    again from its answer keys (`medomni_cas.audit.derived`), as `medomni audit verify`
-    does."""
+    again from its answer keys (`medomni_cas.audit.derived`) and its score from its jobs
+    (`medomni_cas.audit.rederive`), as `medomni audit verify` does."""
     root = store.resolve(result)
     _check_root(store, root, result)
     t0 = time.perf_counter()
@@ -151,9 +170,11 @@ def verify_result(
         ]
     # the answers it was scored against, made again (only over a sound closure)
     remade = check_answer_columns(store, root) if derived and not problems else []
+    score = check_score(store, root) if derived and not problems else None
+    forged = score.problems if score is not None else []
     return VerifyReport(
         result=root.hex(),
-        ok=not problems and not remade,
+        ok=not problems and not remade and not forged,
         objects=found.objects,
         bytes=found.nbytes,
         seconds=seconds,
@@ -161,6 +182,10 @@ def verify_result(
         problems=problems,
         processes=found.processes,
         derived=remade,
+        score=forged,
+        notices=score.notices if score is not None else [],
+        rows=score.rows if score is not None else 0,
+        jobs_scored=score.jobs if score is not None else 0,
     )
 
 

@@ -3,10 +3,12 @@
 * ``show <result> [--runs]``: the provenance tree, from the result down to the templates,
   cohorts and their versions, build configs, dataset release, builder, agent config,
   served models, runs, predictions and answer keys;
-* ``verify <result>``: re-hash every object of the result's closure, and make the answer
-  columns it was scored against again from its answer keys; exit 1 naming each
-  missing or corrupt object and where it sits;
-* ``diff <a> <b>``: which inputs of two results differ (exit 0 either way);
+* ``verify <result>``: re-hash every object of the result's closure, make the answer
+  columns it was scored against again from its answer keys, and compute its score again
+  from its jobs, comparing every row and link; exit 1 naming each missing or corrupt
+  object and where it sits, and each row or link that is not what the jobs give;
+* ``diff <a> <b>``: which inputs of two results differ (exit 1 when they differ, as
+  ``git diff --exit-code``);
 * ``export <result> [-o FILE]``: W3C PROV-JSON.
 
 ``<result>`` is a set name such as ``medomni-bench/v1`` (its latest score), an id, a
@@ -51,7 +53,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Re-hash the result's closure; exit 1 when any object is missing or corrupt."""
+    """Re-hash the result's closure and compute its score again; exit 1 when any object is
+    missing or corrupt, or a row or link is not what its jobs give."""
     with open_store(args) as store:
         report = porcelain.verify(
             store, args.result, canonical=args.canonical, jobs=args.jobs, progress=bars(args)
@@ -61,13 +64,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    """Which inputs of two results differ (exit 0 either way)."""
+    """Which inputs of two results differ: exit 1 when they differ, 0 when they are one."""
     with open_store(args) as store:
         d = porcelain.diff(store, args.a, args.b, limit=None if args.all else args.limit)
     data = {"a": d.a.hex(), "b": d.b.hex(), "differences": to_builtins(d.differences)}
     header = [f"A {d.a.hex()}", f"B {d.b.hex()}"]
     emit(args, data, header + diff_text(d.differences))
-    return EXIT_OK
+    return EXIT_PROBLEM if d.differences else EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -100,7 +103,9 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     v.add_argument("result", metavar="RESULT", help=_RESULT)
     v.add_argument("--runs", action="store_true", help="list every run of every job")
 
-    v = add_command(verbs, "verify", cmd_verify, "re-hash every object of a result's closure")
+    v = add_command(
+        verbs, "verify", cmd_verify, "re-hash a result's closure and compute its score again"
+    )
     v.add_argument("result", metavar="RESULT", help=_RESULT)
     v.add_argument(
         "--canonical",

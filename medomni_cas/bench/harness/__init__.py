@@ -257,27 +257,36 @@ def resume(
     is done. The loop is the hot path of resuming 100,000 slots: it stays flat."""
     slots = slot_digests(atoms, agent_config, arm_label, repetition)
     lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
-    views: dict[ObjectId, _RunState] = {}
-    decode = encoding.decode_view
-    for rid, data in store.get_raw_many([r for r in lasts if r is not None]):
-        try:
-            views[rid] = decode(data, _RunState)
-        except InvalidObject as e:
-            raise MedomniError(f"run slot points at {rid}: {e}") from None
     plan = Resume(slots, [])
     to_run = plan.to_run.append
+    if shard is not None:
+        n, k = shard[1], shard[0]
+        scope = [
+            (i, last)
+            for i, (digest, last) in enumerate(zip(slots, lasts, strict=True))
+            if int.from_bytes(digest[:8], "big") % n == k
+        ]
+    else:
+        scope = list(enumerate(lasts))
+    plan.scope = len(scope)
+    # one pass: the runs' verified bytes come back in the order asked for
+    raw = store.get_raw_many([last for _, last in scope if last is not None])
+    decode = encoding.decode_view
     final = AGENT_OUTCOMES
     done: list[str] = []
     keep = done.append
     unmet = 0
-    for i, (digest, last) in enumerate(zip(slots, lasts, strict=True)):
-        if shard is not None and int.from_bytes(digest[:8], "big") % shard[1] != shard[0]:
-            continue
-        plan.scope += 1
+    for i, last in scope:
         if last is None:
             to_run((i, 1, None))
             continue
-        view = views[last]
+        rid, data = next(raw)
+        try:
+            if rid != last:
+                raise InvalidObject(f"read {rid} for {last}")
+            view = decode(data, _RunState)
+        except InvalidObject as e:
+            raise MedomniError(f"run slot points at {last}: {e}") from None
         outcome = view.outcome
         if rerun is None:
             redo = outcome not in final and view.attempt < max_attempts
