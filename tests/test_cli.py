@@ -526,7 +526,10 @@ def test_subprocess(tmp_path: Path) -> None:
         (
             "audit",
             "provenance, verification, diff and PROV export of results",
-            {"show": "show where a result came from", "verify": "re-hash every object"},
+            {
+                "show": "show where a result came from",
+                "verify": "re-hash a result's closure and compute its score again",
+            },
         ),
         ("cas", "the content-addressed object store", {"fsck": "verify objects and refs"}),
         ("studio taskset", "task sets, <benchmark>/<set>", {"show": "show a recorded task set"}),
