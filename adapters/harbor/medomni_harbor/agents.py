@@ -110,6 +110,19 @@ class ReplayAgent(_HostAgent):
         await environment.upload_file(source, submission)
 
 
+def _allowed_env(command: list[str], names: list[str], tmp: Path) -> dict[str, str]:
+    """The command's environment, as the process runner builds it: an allowlist (PATH,
+    HOME, LANG, MEDOMNI_*, PYTHONPATH for this interpreter, the names its config lists),
+    never the harness's own credentials."""
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("MEDOMNI_")})
+    if command[0] == sys.executable and "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env.update({k: os.environ[k] for k in names if k in os.environ})
+    env["TMPDIR"] = str(tmp)
+    return env
+
+
 class CommandAgent(_HostAgent):
     """Runs ``command`` on the host against a copy of the workspace (see the module docstring).
 
@@ -123,6 +136,7 @@ class CommandAgent(_HostAgent):
         logger: Any = None,
         *,
         command: list[str],
+        env: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(logs_dir, model_name, logger, **kwargs)
@@ -130,6 +144,7 @@ class CommandAgent(_HostAgent):
             raise ValueError("CommandAgent needs command: a non-empty list of strings")
         first = sys.executable if command[0] in ("python", "python3") else command[0]
         self.command = [first, *command[1:]]
+        self.env_names = list(env or [])
 
     @staticmethod
     def name() -> str:
@@ -147,7 +162,7 @@ class CommandAgent(_HostAgent):
             answer.parent.mkdir(parents=True, exist_ok=True)
             run_info = Path(tmp) / "run_info.json"
             env = {
-                **os.environ,
+                **_allowed_env(self.command, self.env_names, Path(tmp)),
                 "MEDOMNI_WORKSPACE": str(mirror),
                 "MEDOMNI_INSTRUCTION": str(mirror / "instruction.md"),
                 "MEDOMNI_SUBMISSION": str(answer),

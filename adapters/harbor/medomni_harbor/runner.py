@@ -197,7 +197,8 @@ class HarborRunner(Runner):
         cmd = opts.get("command")
         if isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd):
             return AgentConfig(
-                import_path="medomni_harbor.agents:CommandAgent", kwargs={"command": cmd}
+                import_path="medomni_harbor.agents:CommandAgent",
+                kwargs={"command": cmd, "env": list(opts.get("env") or [])},
             )
         raise RunnerError(
             f"agent config {a.name}: the harbor runner needs settings.command (run on the host "
