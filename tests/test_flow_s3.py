@@ -51,7 +51,8 @@ def _outcome(store: mc.Store) -> tuple[mc.ObjectId, dict[str, tuple], list]:  # 
         run = store.get(rid, RunRecord)
         answer = store.read_blob(run.answer) if run.answer else None
         index[name] = (run.atom, run.outcome, run.attempt, answer)
-    scored = score_jobs(store, jobs_of(store, view.task_set), n_boot=100, set_name=SET)
+    jobs = jobs_of(store, view.task_set)
+    scored = score_jobs(store, jobs, n_boot=100, set_name=SET, arms=["no-perception"])
     rows = [
         (r.agent, r.arm, r.pair, r.target, r.value, r.ci_low, r.ci_high, r.n)
         for r in scored.record.rows

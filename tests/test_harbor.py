@@ -31,7 +31,7 @@ from examples import synth
 from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import CheckFailed, run_set
 from medomni_cas.bench.records import RunRecord, slot_id
-from medomni_cas.bench.scorer import jobs_of, score_jobs
+from medomni_cas.bench.scorer import PartialScore, jobs_of, score_jobs
 from medomni_cas.studio.records import AnswerKey, BuildResult
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests.docker_engine import Engine
@@ -335,13 +335,18 @@ def test_baseline_and_replay_run_in_harbor_score_and_audit(
     assert all(r.tokens_in == 0 and r.cost_usd == 0.0 for r in replayed)
     ts = show_set(store, SET).task_set
     a = score_jobs(store, jobs_of(store, ts, ["baseline"]), n_boot=0).record.rows
-    b = score_jobs(store, jobs_of(store, ts, ["replay-baseline"]), n_boot=0).record.rows
+    nop = ["no-perception"]  # the replay ran this arm only
+    b = score_jobs(store, jobs_of(store, ts, ["replay-baseline"]), n_boot=0, arms=nop).record.rows
     nop_rows = [r.value for r in a if r.arm == "no-perception"]
     assert nop_rows and nop_rows == [r.value for r in b]
 
     # scored and audited: every object under the result re-hashes
-    scored = score_jobs(store, jobs_of(store, ts), n_boot=50, set_name=SET)
+    with pytest.raises(PartialScore, match="replay-baseline encoders-required r1: no job"):
+        score_jobs(store, jobs_of(store, ts), n_boot=0)
+    scored = score_jobs(store, jobs_of(store, ts), n_boot=50, set_name=SET, arms=nop)
     assert all(r.n == N and r.value is not None for r in scored.record.rows)
+    # agent commands and replays run on the host against the container: no isolation
+    assert {(r.runner, r.isolation) for r in scored.record.rows} == {("harbor", "none")}
     audit = verify_result(store, scored.result)
     assert audit.ok and audit.objects > 100, audit.problems
 
@@ -580,7 +585,8 @@ def test_an_environment_that_cannot_start_records_its_cause(
     for r in runs:
         assert not any("ExceptionGroup" in e for e in r.errors), r.errors
         assert "ValueError: 'strictest' is not a valid ResourceMode" in r.errors[0], r.errors
-        assert r.environment == "docker" and r.isolation == "container"
+        # the baseline is an agent command: it runs on the host against the container
+        assert r.environment == "docker" and r.isolation == "none"
         text = _log(store, r, "harbor.exception.txt").decode()
         assert "Traceback" in text and "strictest" in text
     folder = report.jobs[0].folder

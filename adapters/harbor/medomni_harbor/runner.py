@@ -86,6 +86,12 @@ def _option(value: Any, name: str, default: Any) -> Any:
     return env if env not in (None, "") else default
 
 
+def _runs_on_host(job: Job) -> bool:
+    """Whether the job's agent is one of ours that runs on the host (`medomni_harbor.agents`:
+    an agent command, a replay) rather than a Harbor agent inside the container."""
+    return not HarborRunner.picks(job.agent)
+
+
 class HarborRunner(Runner):
     name: ClassVar[str] = "harbor"
     description: ClassVar[str] = "Harbor trials in containers, closed network, perception sidecar"
@@ -139,12 +145,15 @@ class HarborRunner(Runner):
     def ours(self) -> bool:
         return self.environment == "docker"
 
-    def where(self) -> tuple[str, str]:
+    def where(self, job: Job | None = None) -> tuple[str, str]:
         """The trials' (environment, isolation), as run records say (`RunRecord.isolation`):
         only our docker environment has the closed network we set up ("container"); a
         container of another Harbor environment on this machine has what that environment
         gave it ("harbor-container"); any other type runs on someone else's machines
-        ("remote"), and a ``module:Class`` is not known ("unknown")."""
+        ("remote"), and a ``module:Class`` is not known ("unknown"). Our host agents (an
+        agent command, a replay) run on this machine against the container: "none"."""
+        if job is not None and _runs_on_host(job):
+            return ("docker" if self.ours else self.environment), "none"
         if self.ours:
             return "docker", "container"
         if ":" in self.environment:
@@ -382,7 +391,7 @@ class HarborRunner(Runner):
         # exception of its own trial when Harbor raised one, else what stopped the job.
         error = state.get("error")
         own, other = _trial_causes(error) if error is not None else ({}, None)
-        environment, isolation = self.where()
+        environment, isolation = self.where(job)
         for name, spec in specs.items():
             now = _iso(datetime.now(UTC))
             trial = Trial(
@@ -414,7 +423,7 @@ class HarborRunner(Runner):
         t0 = time.perf_counter()
         try:
             trial = trial_from_result(job, spec, trial_dir)
-            trial.environment, trial.isolation = self.where()
+            trial.environment, trial.isolation = self.where(job)
             return trial
         finally:
             self.timings["collect"] += time.perf_counter() - t0
