@@ -95,7 +95,7 @@ def _demo(ws: Workspace, store: Store) -> int:
     print()
     print("\n".join(render_text(provenance(store, scored.result))))
     check = verify_result(store, scored.result, derived=True)
-    what = f"{check.objects} objects re-hashed, answer columns made again"
+    what = f"{check.objects} objects re-hashed, answer columns and score rows made again"
     _say("verify", f"{'ok' if check.ok else 'PROBLEMS'}: {what}")
     for p in check.problems:
         print(f"  {p.kind}: {p.message}")

@@ -44,7 +44,7 @@ from medomni_cas.bench.records import (
     Result,
     ScoreRow,
 )
-from medomni_cas.bench.refnames import JOB_REFS, result_ref
+from medomni_cas.bench.refnames import JOB_REFS, answers_ref, result_ref
 from medomni_cas.bench.schemas import SCORE_SCHEMA
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
@@ -211,11 +211,14 @@ def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Prediction
         numeric = any(g.numeric for g in key.groups)
         text = not all(g.numeric for g in key.groups)
 
-        def column(name: str, needed: bool = True) -> pa.Array | None:
+        def column(name: str, needed: bool = True, plain: bool = True) -> pa.Array | None:
             blob = record.columns.get(name) if needed else None
-            return None if blob is None else _plain(read_column(store, blob, name))
+            return None if blob is None else read_column(store, blob, name, plain=plain)
 
-        status = column("status") or column("outcome")  # jobs before status: the outcome
+        # counted, never compared row by row: kept dictionary-encoded (a code a row)
+        status = column("status", plain=False)
+        if status is None:  # jobs recorded before status: the outcome
+            status = column("outcome", plain=False)
         return _Predictions(
             column("value_text", text),
             column("value_num", numeric),
@@ -223,8 +226,8 @@ def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Prediction
             column("scores", text),
             None,
             status if status is not None else pa.nulls(key.rows, pa.string()),
-            column("runner"),
-            column("isolation"),
+            column("runner", plain=False),
+            column("isolation", plain=False),
         )
     table = read_predictions(store, job, extra=SLOT_COLUMNS)
     joined = answers.key(store).join(
@@ -310,6 +313,19 @@ def expected_jobs(
     return {(agent, *arm, rep) for agent, rs in reps.items() for arm in wanted for rep in rs}
 
 
+def _arm_size(store: Store, build: ObjectId, arm: str, variant: str) -> int:
+    """An arm's slots: from its answer columns when the scorer kept them (one small record),
+    else from the build's atoms."""
+    kept = store.refs.get(answers_ref(build, arm_label(arm, variant)))
+    if kept is not None:
+        record = store.get(kept, AnswerColumns)
+        first: dict[str, int] = {}
+        for g in record.groups:  # each pair's atoms, once (its first target's rows)
+            first.setdefault(g.pair, g.stop - g.start)
+        return sum(first.values())
+    return arm_slots(store, build, arm, variant)
+
+
 def coverage_gaps(store: Store, jobs: Sequence[ObjectId], arms: Sequence[str] = ()) -> list[Gap]:
     """Every job of ``jobs`` with slots never run, and every job a complete score needs
     (`expected_jobs` of the arm labels ``arms``, default all) that is not among them: read
@@ -328,7 +344,7 @@ def coverage_gaps(store: Store, jobs: Sequence[ObjectId], arms: Sequence[str] = 
 
     def size(build: ObjectId, arm: str, variant: str) -> int:
         if (build, arm, variant) not in sizes:
-            sizes[(build, arm, variant)] = arm_slots(store, build, arm, variant)
+            sizes[(build, arm, variant)] = _arm_size(store, build, arm, variant)
         return sizes[(build, arm, variant)]
 
     gaps = []
