@@ -30,6 +30,7 @@ import os
 import platform
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -383,9 +384,15 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
     def planned() -> int:
         return sum(resume(store, atoms, agent, arm, rep).done for atoms, arm, rep in runs.jobs)
 
-    t_before, done_before = median_time(before, sizes.repeats)
-    with _heartbeat(store):
-        t_planned, done_planned = median_time(planned, sizes.repeats)
+    # alternated, so that a drift of the machine's speed falls on both sides alike
+    befores, planneds = [], []
+    for _ in range(max(5, sizes.repeats)):
+        t, done_before = timed(before)
+        befores.append(t)
+        with _heartbeat(store):
+            t, done_planned = timed(planned)
+        planneds.append(t)
+    t_before, t_planned = statistics.median(befores), statistics.median(planneds)
     if done_before != n or done_planned != n:
         raise RuntimeError(f"resume: {done_before} and {done_planned} of {n} slots done")
     reps = f", median of {sizes.repeats}" if sizes.repeats > 1 else ""
@@ -435,7 +442,8 @@ def bench_resume(runs: Runs, sizes: Sizes) -> list[Row]:
             max_ratio=1.10,
             note="what run_set runs per job: slot ids, refs, each run's outcome, attempt and "
             "arm check, counted by outcome, while the harness's lease heartbeat renews in its "
-            "thread; baseline: slot ids, refs and a view of outcome and attempt (issue 12's)",
+            "thread (every second); baseline: slot ids, refs and a view of outcome and attempt "
+            "(issue 12's); 5 runs each, alternated, medians",
         ),
         Row(
             f"resume: {what}, then each run's outcome",
