@@ -69,9 +69,9 @@ ANSWER = """
 
 
 def _run(
-    tree: Path, tmp_path: Path, url: str, agent: Path, *extra: str
-) -> tuple[int, dict[str, object]]:
-    code = main(
+    tree: Path, tmp_path: Path, url: str, agent: Path, *extra: str, as_json: bool = True
+) -> int:
+    return main(
         [
             "bench",
             "run",
@@ -86,11 +86,10 @@ def _run(
             str(tree / "bench"),
             "--runs",
             str(tmp_path / "runs"),
-            "--json",
+            *(["--json"] if as_json else []),
             *extra,
         ]
     )
-    return code, {}
 
 
 def _report(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
@@ -114,7 +113,7 @@ def test_a_broken_agent_stops_early_exits_1_and_reruns_once_fixed(
     """Observed: all 40 runs agent-failed, exit 0, then "0 run, 40 already done" for ever."""
     agent = _agent(tree, tmp_path, "broken", "import medomni_no_such_module\n")
     no_perception = ["--arm", "no-perception"]
-    code, _ = _run(tree, tmp_path, url, agent, *no_perception)
+    code = _run(tree, tmp_path, url, agent, *no_perception)
     (job,) = _report(capsys)["jobs"]  # type: ignore[misc]
     assert code == 1
     assert job["ran"] == 5 and job["never_run"] == 15 and job["outcomes"] == {"agent-failed": 5}
@@ -127,13 +126,13 @@ def test_a_broken_agent_stops_early_exits_1_and_reruns_once_fixed(
 
     # the install is fixed: the same config (same slots) now answers
     (tmp_path / "broken.py").write_text(textwrap.dedent(ANSWER))
-    code, _ = _run(tree, tmp_path, url, agent, *no_perception)
+    code = _run(tree, tmp_path, url, agent, *no_perception)
     (job,) = _report(capsys)["jobs"]  # type: ignore[misc]
     # the 5 failures are the agent's own outcome: final, so still counted against the run
     assert code == 1 and job["ran"] == 15 and job["done"] == 5
     assert job["outcomes"] == {"agent-failed": 5, "answered": 15} and job["unanswered"] == 5
 
-    code, _ = _run(tree, tmp_path, url, agent, *no_perception, "--rerun", "failed")
+    code = _run(tree, tmp_path, url, agent, *no_perception, "--rerun", "failed")
     (job,) = _report(capsys)["jobs"]  # type: ignore[misc]
     assert code == 0 and job["ran"] == 5 and job["done"] == 15 and job["complete"]
     runs = _runs(url)
@@ -154,11 +153,11 @@ def test_rerun_all_runs_a_new_attempt_of_every_slot(
     tree: Path, tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     agent = _agent(tree, tmp_path, "answers", ANSWER)
-    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception")[0] == 0
+    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception") == 0
     capsys.readouterr()
-    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception")[0] == 0
+    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception") == 0
     assert _report(capsys)["jobs"][0]["ran"] == 0  # type: ignore[index]
-    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--rerun", "all")[0] == 0
+    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--rerun", "all") == 0
     assert _report(capsys)["jobs"][0]["ran"] == 20  # type: ignore[index]
     assert sorted(r.attempt for r in _runs(url)) == [1] * 20 + [2] * 20
 
@@ -168,30 +167,12 @@ def test_a_shard_counts_what_is_outside_it_not_as_done(
 ) -> None:
     """Observed: ``--shard 0/2`` printed "17 run, 23 already done" for 23 slots never run."""
     agent = _agent(tree, tmp_path, "answers", ANSWER)
-    code, _ = _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--shard", "0/2")
+    code = _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--shard", "0/2")
     (job,) = _report(capsys)["jobs"]  # type: ignore[misc]
     assert code == 0  # every slot asked for (this shard's) answered
     assert job["done"] == 0 and job["ran"] + job["outside_shard"] == 20 and job["ran"] > 0
-    main_line = main(
-        [
-            "bench",
-            "run",
-            SET,
-            "--agent",
-            str(agent),
-            "--store",
-            url,
-            "--studio",
-            str(tree / "studio"),
-            "--bench",
-            str(tree / "bench"),
-            "--runs",
-            str(tmp_path / "runs"),
-            "--arm",
-            "no-perception",
-            "--shard",
-            "1/2",
-        ]
+    main_line = _run(
+        tree, tmp_path, url, agent, "--arm", "no-perception", "--shard", "1/2", as_json=False
     )
     text = capsys.readouterr().out
     assert main_line == 0 and f"{job['ran']} outside this shard" in text
@@ -203,7 +184,7 @@ def test_a_score_of_slots_never_run_is_refused_unless_allowed(
 ) -> None:
     """Observed: a result with missing=20 of 20 was written with exit 0, the ref moved to it."""
     agent = _agent(tree, tmp_path, "answers", ANSWER)
-    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--shard", "0/2")[0] == 0
+    assert _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--shard", "0/2") == 0
     capsys.readouterr()
     # the other arm never ran, and half of this one
     assert _score(tree, tmp_path, url) == 1
@@ -240,11 +221,11 @@ def test_an_answer_without_the_required_encoder_call_is_unanswered(
 ) -> None:
     """Observed: a silent agent on encoders-required scored 0.228 there, unflagged."""
     agent = _agent(tree, tmp_path, "silent", ANSWER)
-    code, _ = _run(tree, tmp_path, url, agent, "--arm", "encoders-required")
+    code = _run(tree, tmp_path, url, agent, "--arm", "encoders-required")
     (job,) = _report(capsys)["jobs"]  # type: ignore[misc]
     # five alike is enough to stop: the arm is not met, and would not be by the other 15
     assert code == 1 and job["ran"] == 5 and "no successful encoder call" in job["stopped"]
-    code, _ = _run(tree, tmp_path, url, agent, "--arm", "encoders-required", "--fail-fast", "0")
+    code = _run(tree, tmp_path, url, agent, "--arm", "encoders-required", "--fail-fast", "0")
     (job,) = _report(capsys)["jobs"]  # type: ignore[misc]
     assert code == 1 and job["outcomes"] == {"answered": 20} and job["unanswered"] == 20
     assert _score(tree, tmp_path, url, "--arm", "encoders-required") == 0
@@ -269,7 +250,7 @@ def test_a_run_over_its_token_limit_is_over_limit(
     agent = _agent(
         tree, tmp_path, "greedy", greedy, limits={"time_sec": 120, "tokens": 1000, "cost_usd": 1}
     )
-    code, _ = _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--fail-fast", "0")
+    code = _run(tree, tmp_path, url, agent, "--arm", "no-perception", "--fail-fast", "0")
     (job,) = _report(capsys)["jobs"]  # type: ignore[misc]
     assert code == 1 and job["outcomes"] == {"over-limit": 20}
     runs = _runs(url)
@@ -284,9 +265,9 @@ def test_rows_of_one_pair_and_arm_on_other_runners_are_flagged(
     tree: Path, tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = tree / "bench/agents/baseline.yaml"
-    assert _run(tree, tmp_path, url, base, "--arm", "no-perception")[0] == 0
+    assert _run(tree, tmp_path, url, base, "--arm", "no-perception") == 0
     replay = tree / "bench/agents/replay-baseline.yaml"
-    assert _run(tree, tmp_path, url, replay, "--arm", "no-perception", "--runner", "replay")[0] == 0
+    assert _run(tree, tmp_path, url, replay, "--arm", "no-perception", "--runner", "replay") == 0
     capsys.readouterr()
     assert _score(tree, tmp_path, url, "--arm", "no-perception") == 0
     rows = {r["agent"]: r for r in _report(capsys)["rows"]}  # type: ignore[attr-defined]

@@ -216,13 +216,11 @@ def run_states(store: Store, runs: list[ObjectId]) -> dict[ObjectId, RunState]:
     return out
 
 
-def _redo(state: RunState, rerun: Rerun | None, max_attempts: int) -> bool:
-    """Whether a slot whose final run is ``state`` runs again."""
-    if rerun is not None:
-        return state.outcome in _RERUN_OUTCOMES[rerun] or (
-            rerun in ("unanswered", "all") and not state.answered
-        )
-    return state.outcome not in AGENT_OUTCOMES and state.attempt < max_attempts
+def _rerun_chosen(state: RunState, rerun: Rerun) -> bool:
+    """Whether ``--rerun`` chose a slot whose final run is ``state``."""
+    return state.outcome in _RERUN_OUTCOMES[rerun] or (
+        rerun in ("unanswered", "all") and not state.answered
+    )
 
 
 def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
@@ -291,7 +289,8 @@ def resume(
         if rerun is None:
             redo = outcome not in final and view.attempt < max_attempts
         else:
-            redo = _redo(RunState(outcome, view.attempt, view.agent_block.meets_arm), rerun, 0)
+            state = RunState(outcome, view.attempt, view.agent_block.meets_arm)
+            redo = _rerun_chosen(state, rerun)
         if redo:
             to_run((i, view.attempt + 1, last))
             continue
