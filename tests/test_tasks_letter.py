@@ -110,6 +110,17 @@ def test_a_new_n_builds_a_new_set_while_the_old_one_stays_frozen(
     assert cli_json(capsys, "studio", "taskset", "show", "medomni-bench/v1") == shown
     code, out, _ = cli(capsys, "studio", "taskset", "build", "medomni-bench/v1", *dr)
     assert code == 0 and f"{CKD}@n20" in out and "frozen at N=1" in out
+    # an X rise of another pair still reaches the frozen set; the frozen pair stays
+    _edit(ws / TASKS / A1C / "template.yaml", "The record ends", "The patient's record ends")
+    _edit(_cohort(ws, A1C, "n20"), 'version: "1.0"', 'version: "1.1"')
+    risen = cli_json(capsys, "studio", "taskset", "build", "medomni-bench/v1", *dr)
+    assert risen["task_set"] == first["task_set"] and risen["build"] != first["build"]
+    after = cli_json(capsys, "studio", "taskset", "show", "medomni-bench/v1")
+    versions = {e["pair"]: e["version"] for e in after["entries"]}
+    assert versions == {f"{CKD}@n20": "1.0", f"{A1C}@n20": "1.1"}
+    ckd = [e for e in after["entries"] if e["pair"].startswith(CKD)]
+    assert ckd == [e for e in shown["entries"] if e["pair"].startswith(CKD)]
+    shown = after
     # asking to change the frozen set (grow it) is refused, naming the set and the pair
     _write_set(
         ws, "v1", [(f"{CKD}@n20", 1), (f"{A1C}@n20", 1), (f"{A1C}@n50", 1)], ["no-perception"]
@@ -159,20 +170,34 @@ def _bytes(cfg: BuildConfig) -> bytes:
     return encoding.encode(cfg)
 
 
-def _patients(capsys: pytest.CaptureFixture[str], pair: str, data: Path) -> list[str]:
+# The no-perception builds of the example's CKD cohorts on `data`, made before issue 14.
+BUILT_BEFORE = {
+    "n20": "66525aece75c4828a41e6d9de0be4d4104891d0c16f06ff326948c24e15a8155",
+    "n50": "575943f0774721932a23d6a04e07e94bc3b0b548485cffe0855089be0ad94fd3",
+}
+
+
+def _build(capsys: pytest.CaptureFixture[str], pair: str, data: Path) -> str:
     built = cli_json(
         capsys, "studio", "task", "build", pair, "--arm", "no-perception", "--data-root", str(data)
     )
-    return list(_content("lmdb://.medomni/store", built["builds"][0]["result"]).patients)
+    return str(built["builds"][0]["result"])
+
+
+def _patients(capsys: pytest.CaptureFixture[str], pair: str, data: Path) -> list[str]:
+    result = _build(capsys, pair, data)
+    return list(_content("lmdb://.medomni/store", result).patients)
 
 
 def test_n20_is_the_first_twenty_of_n50_under_the_nested_rule(
     capsys: pytest.CaptureFixture[str], ws: Path, data: Path
 ) -> None:
-    # the file as it is keeps the rule it was built with: the same set, not a prefix
-    n20 = _patients(capsys, f"{CKD}@n20", data)
-    legacy = _patients(capsys, f"{CKD}@n50", data)
-    assert set(n20) < set(legacy) and legacy[:20] != n20
+    # the files as they are keep the rule they were built with, and so their ids: n20 is
+    # within n50 (here at positions 0-13, 16-18, 22, 23 and 31), not its first twenty
+    results = {c: _build(capsys, f"{CKD}@{c}", data) for c in ("n20", "n50")}
+    assert results == BUILT_BEFORE
+    n20, legacy = (list(_content("lmdb://.medomni/store", results[c]).patients) for c in results)
+    assert [legacy.index(p) for p in n20] == [*range(14), 16, 17, 18, 22, 23, 31]
     # `selection: nested` (a new N: the order changes) makes n20 the first twenty of n50
     n50 = _cohort(ws, CKD, "n50")
     _edit(n50, 'version: "1.0"', 'version: "2.0"\nselection: nested')

@@ -250,7 +250,9 @@ class Target(Spec, frozen=True, kw_only=True):
 
 
 class Input(Spec, frozen=True, kw_only=True):
-    """The tables and families the proposal named, kept as a record.
+    """The tables and families the proposal named, kept as a record: it masks nothing, the
+    evidence is the patient's whole record minus the targets' guards (only the modality
+    ladder's rungs stage part of it, from these families).
 
     Fields:
         tables: Tables of the dataset the proposal named.

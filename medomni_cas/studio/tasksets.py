@@ -369,7 +369,7 @@ class RebuildRow:
     pair: str
     arm: str
     arm_variant: str
-    status: str  # "match" | "config differs" | "data differs" | "not built"
+    status: str  # "match" | "config differs" | "data differs"
     detail: str = ""
 
     @property
@@ -428,8 +428,10 @@ def rebuild(
     del bench  # a rebuild reads the bundle, never the publisher's benchmark folder
     header = read_bundle_header(bundle)
     import_bundle(store, bundle, refs=False)
-    pubs = [ObjectId.from_hex(r) for r in header.roots]
-    if len(pubs) != 1 or store.kind(pubs[0]) != PublishedSet.__kind__:
+    roots = [ObjectId.from_hex(r) for r in header.roots]
+    # other roots (a manifest, say) may ride along; the set is the one `PublishedSet`
+    pubs = [r for r in roots if store.kind(r) == PublishedSet.__kind__]
+    if len(pubs) != 1:
         raise TaskSetError(
             f"{os.fspath(bundle)}: not a configs-only task set bundle "
             "(`medomni studio taskset publish --configs-only`)"
