@@ -198,18 +198,25 @@ def test_n20_is_the_first_twenty_of_n50_under_the_nested_rule(
     assert results == BUILT_BEFORE
     n20, legacy = (list(_content("lmdb://.medomni/store", results[c]).patients) for c in results)
     assert [legacy.index(p) for p in n20] == [*range(14), 16, 17, 18, 22, 23, 31]
-    # `selection: nested` (a new N: the order changes) makes n20 the first twenty of n50
+    # and the build says so, with the line that would change it
+    again = cli_json(capsys, "studio", "task", "build", f"{CKD}@n50", "--arm", "no-perception",
+                     "--data-root", str(data))  # fmt: skip
+    assert len(again["notes"]) == 1 and "n20 are within it, not its first" in again["notes"][0]
+    assert "selection: nested" in again["notes"][0]
+    # `selection: nested` changes the order: without a new N it is refused, naming the field
     n50 = _cohort(ws, CKD, "n50")
-    _edit(n50, 'version: "1.0"', 'version: "2.0"\nselection: nested')
-    nested = _patients(capsys, f"{CKD}@n50", data)
-    assert nested[:20] == n20 and set(nested) == set(legacy)
-    # without the N rise the changed rule is refused, naming the field
-    _edit(n50, 'version: "2.0"', 'version: "1.1"')
+    _edit(n50, 'version: "1.0"', 'version: "1.1"\nselection: nested')
     code, _, err = cli(
         capsys, "studio", "task", "build", f"{CKD}@n50", "--arm", "no-perception",
         "--data-root", str(data),
     )  # fmt: skip
-    assert code == 2 and "cohort" in err and '"2.0"' in err
+    assert code == 2 and "n50: cohort changed" in err and 'version: "2.0"' in err
+    # at 2.0, n20 is the first twenty of n50: the same patients, n20's in its own order first
+    _edit(n50, 'version: "1.1"', 'version: "2.0"')
+    nested = _patients(capsys, f"{CKD}@n50", data)
+    assert nested[:20] == n20 and set(nested) == set(legacy)
+    code, out, _ = cli(capsys, "studio", "task", "build", f"{CKD}@n50", "--data-root", str(data))
+    assert code == 0 and "note:" not in out
 
 
 def test_a_chain_of_three_nests_and_a_smaller_cohort_that_does_not_fit_is_refused(

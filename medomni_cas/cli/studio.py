@@ -20,7 +20,7 @@ from medomni_cas.cli._output import (
 from medomni_cas.cli._progress import bars
 from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.build import Built
-from medomni_cas.studio.folders import find_template, load_template
+from medomni_cas.studio.folders import find_template, load_template, nesting_notes
 from medomni_cas.studio.schema import SpecError
 from medomni_cas.studio.signoff import signoff
 from medomni_cas.studio.tasksets import publish, show_set
@@ -62,7 +62,12 @@ def cmd_task_build(args: argparse.Namespace) -> int:
             data_root=args.data_root,
             progress=bars(args),
         )
-    emit(args, {"builds": [_built_row(x) for x in built]}, [_built_line(x) for x in built])
+    notes = nesting_notes(folders.get("studio", args.studio), [b.pair for b in built])
+    emit(
+        args,
+        {"builds": [_built_row(x) for x in built], "notes": notes},
+        [_built_line(x) for x in built] + [f"note: {n}" for n in notes],
+    )
     return EXIT_OK
 
 
@@ -98,6 +103,7 @@ def cmd_taskset_build(args: argparse.Namespace) -> int:
         "frozen": [
             {"pair": f.task, "n": f.pinned, "version": str(f.version)} for f in built.frozen
         ],
+        "notes": nesting_notes(studio, [b.pair for b in built.builds]),
     }
     lines = [_built_line(x) for x in built.builds]
     lines += [
@@ -106,6 +112,7 @@ def cmd_taskset_build(args: argparse.Namespace) -> int:
         for f in built.frozen
     ]
     lines.append(f"task set {built.name}: {built.task_set.hex()} (build {built.build.hex()[:12]})")
+    lines += [f"note: {n}" for n in data["notes"]]
     if built.frozen:
         lines.append(
             f"  frozen: it keeps its last build for {len(built.frozen)} pair(s) whose cohort "

@@ -23,7 +23,7 @@ import msgspec
 
 from medomni_cas.studio.schema import NESTED, Cohort
 
-__all__ = ["PREFIX_KEY", "NestingError", "nested_prefix", "same_recipe"]
+__all__ = ["PREFIX_KEY", "NestingError", "nested_prefix", "not_first", "same_recipe"]
 
 #: The key of a nested cohort's stages in `BuildConfig.cohort`.
 PREFIX_KEY = "prefix"
@@ -100,3 +100,21 @@ def nested_prefix(cohorts: dict[str, Cohort], name: str) -> list[dict[str, int]]
                 )
         stages.append((k, counts))
     return [counts for _k, counts in stages]
+
+
+def not_first(cohorts: dict[str, Cohort], name: str) -> list[str]:
+    """The smaller per-class cohorts of the same recipe that are within cohort ``name`` but
+    not its first patients, because it keeps the first rule (no ``selection``)."""
+    c = cohorts[name]
+    if c.selection == NESTED or c.per_class is None:
+        return []
+    own = dict(c.per_class.counts)
+    return sorted(
+        k
+        for k, other in cohorts.items()
+        if k != name
+        and other.per_class is not None
+        and other.n < c.n
+        and same_recipe(other, c)
+        and _within(dict(other.per_class.counts), own) is None
+    )

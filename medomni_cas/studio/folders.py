@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medomni_cas.studio.cohorts import NestingError, nested_prefix
+from medomni_cas.studio.cohorts import NestingError, nested_prefix, not_first
 from medomni_cas.studio.labels import Guard
 from medomni_cas.studio.schema import (
     LADDER_ARM,
@@ -43,6 +43,7 @@ __all__ = [
     "load_set_with_frozen",
     "load_studio",
     "load_template",
+    "nesting_notes",
 ]
 
 
@@ -177,6 +178,33 @@ def _check_cohort(doc: Doc, cohort: Cohort, tpl: Template, ds: Dataset) -> None:
         if cls not in label.classes:
             known = ", ".join(label.classes)
             raise doc.error("per_class.counts", f"no class {cls!r} in {name} (has: {known})")
+
+
+def nesting_notes(studio: str | Path, pairs: list[str]) -> list[str]:
+    """A line for each of ``pairs`` whose smaller cohorts are within it but not its first
+    patients: it keeps the first selection rule, so that it keeps its ids; the letter of
+    the Tasks document ("the patients of n20 are the first ones of n50") needs
+    ``selection: nested`` in its file, and with it a new N."""
+    out = []
+    folders: dict[str, TemplateFolder] = {}
+    for pair in dict.fromkeys(pairs):
+        template, _, cohort = pair.partition("@")
+        if template not in folders:
+            path = find_template(studio, template)
+            if path is None:
+                continue
+            folders[template] = load_template(path)
+        tf = folders[template]
+        if cohort not in tf.cohorts:
+            continue
+        smaller = not_first(tf.cohorts, cohort)
+        if smaller:
+            out.append(
+                f"{pair}: the patients of {', '.join(smaller)} are within it, not its first "
+                f"ones; `selection: nested` in {tf.path / 'cohorts' / cohort}.yaml makes them "
+                "so (the order changes: a new N)"
+            )
+    return out
 
 
 def find_template(studio: str | Path, name: str) -> Path | None:
