@@ -303,8 +303,7 @@ def _load_set(
                 f"pinned at N={pair.n}, but {pair.task} is at version {cohort.version}",
             )
         if cohort.version.n > pair.n:  # the pair moved on: this set keeps its last build
-            field_ = f"pairs[{i}].n"
-            where = f"{p}:{doc.line(['pairs', i, 'n'])}: {field_}"
+            where = f"{p}:{doc.line(['pairs', i, 'n'])}: pairs[{i}].n"
             frozen[pair.task] = FrozenPair(pair.task, pair.n, cohort.version, where)
         if LADDER_ARM in ts.arms and tf.ladder is None:
             raise doc.error(

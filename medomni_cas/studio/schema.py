@@ -445,7 +445,7 @@ class Cohort(Spec, frozen=True, kw_only=True):
 
     Who is included, at which prediction time, and how many. Without ``per_class`` the
     patients of a smaller cohort are the first ones of a larger one with the same recipe and
-    seed; with it, ``selection: nested`` makes them so (`medomni_cas.studio.cohorts`).
+    seed; with it, ``selection: nested`` makes them so.
 
     Fields:
         version: The task's version N.X, written as text such as ``"1.0"``: N rises when
@@ -457,7 +457,8 @@ class Cohort(Spec, frozen=True, kw_only=True):
         per_class: How many patients of each class of one classification target; without it,
             the first ``n`` eligible patients in the seeded order.
         seed: The seed of the patients' order: with the same seed, a smaller cohort's
-            patients come first in a larger one.
+            patients are within a larger one (its first ones without ``per_class``, or
+            with ``selection: nested``).
         selection: ``nested``: the patients of every smaller cohort of the template with
             the same recipe (inclusion, prediction time, seed, per-class label) come first,
             in their own order, then this cohort's others. Left out, a per-class cohort
