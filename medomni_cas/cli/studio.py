@@ -302,7 +302,8 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="your own dataset's folder, holding its dataset.yaml (default: the studio's "
         "datasets/<name>/); no template or set file is read",
     )
-    _folders(p, bench=True, data=True)
+    p.add_argument("--bench", metavar="DIR", help=argparse.SUPPRESS)  # not read; old scripts
+    _folders(p, data=True)
 
     tpl = _group(studio, "template", "templates")
     p = add_command(tpl, "signoff", cmd_template_signoff, "freeze a template")

@@ -154,7 +154,7 @@ def _kept_entries(
         raise TaskSetError(
             f"{first.where}: {what}, and {store.url} has no build of it: rebuild it from "
             "its published bundle (`medomni studio taskset rebuild BUNDLE`) or pull it "
-            "from a store that has it"
+            f"from a store that has it (a new set pins the cohort's N, {first.version.n})"
         )
     kept: dict[str, list[SetEntry]] = {}
     for task, fp in frozen.items():
