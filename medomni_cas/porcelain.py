@@ -325,17 +325,21 @@ def rebuild_set(
     folders: Folders,
     studio: str | Path | None = None,
     bench: str | Path | None = None,
+    dataset: str | Path | None = None,
     data_root: str | Path | None = None,
     progress: Progress | None = None,
 ) -> tuple[str, list[RebuildRow]]:
-    """Build a published set from your own data and compare ids pair by pair (`rebuild`)."""
+    """Build a published set from its bundle and your own data and compare ids pair by pair
+    (`rebuild`): it reads your dataset's card (``dataset``, else the studio's), never a set
+    file, template or bench folder (``bench`` is accepted and not read)."""
+    del bench
     bar = _bar(progress, None, "step", "rebuild")
     try:
         return rebuild(
             store,
             bundle,
-            studio=folders.get("studio", studio),
-            bench=folders.get("bench", bench),
+            studio=folders.optional("studio", studio) if dataset is None else studio,
+            dataset=dataset,
             data_root=data_root,
             progress=_steps(bar),
         )
