@@ -259,6 +259,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     text.append(
         f"{report.reachable} reachable, {verb} {report.swept}, "
         f"kept {report.kept_young} younger than {args.grace:g}s"
+        + (f", removed {report.orphans} leftovers of killed writers" if report.orphans else "")
     )
     emit(args, to_builtins(report), text)
     return EXIT_OK

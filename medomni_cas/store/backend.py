@@ -22,12 +22,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import ClassVar, Self
 
-__all__ = ["FRESHEN_AFTER", "Backend"]
+__all__ = ["FRESHEN_AFTER", "Backend", "no_store"]
 
 #: An object put again has its write time refreshed only when that time is older than this
 #: (seconds), so that a rebuild writes (almost) nothing while gc's grace period, which counts
 #: from the write time, still protects what a writer is about to link.
 FRESHEN_AFTER = 3600.0
+
+
+def no_store(url: str) -> FileNotFoundError:
+    """The error for a URL that holds no store, naming it."""
+    return FileNotFoundError(f"no store at {url} (create one with `medomni cas init`)")
 
 
 class Backend(ABC):
@@ -50,6 +55,20 @@ class Backend(ABC):
         composing others (the cached store) has no URL of its own and keeps this default.
         """
         raise NotImplementedError(f"{cls.__name__} cannot be opened from a URL ({url!r})")
+
+    @classmethod
+    def open_at(cls, url: str, *, create: bool = True) -> Self:
+        """The backend at ``url``, as `medomni_cas.store.url.open_backend` opens it.
+
+        With ``create=False`` a URL that holds no store raises `no_store` and creates
+        nothing (a reader must not make an empty store at a mistyped URL); with
+        ``create=True`` a store is made there if there is none. A store that cannot be
+        reached to tell is an `OSError` naming the URL. The default is ``from_url``, for
+        backends that cannot tell (a store made in this process only).
+
+        Note for implementers: override it when ``from_url`` creates the store (a local
+        folder) or when a store is only found by asking (a remote one)."""
+        return cls.from_url(url)
 
     # -- objects ---------------------------------------------------------------------------
     @abstractmethod
@@ -147,6 +166,12 @@ class Backend(ABC):
     def remove_orphans(self, older_than: float) -> int:
         """Remove leftovers of killed writers older than ``older_than``; return how many."""
         return 0
+
+    def damage(self) -> list[tuple[str, str]]:
+        """``(file, what was wrong)`` for each of the backend's own files (beside objects
+        and refs) that it found damaged since it was opened, repaired or not: what fsck
+        reports beside the objects. Default: none (a backend that keeps no such files)."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release handles; the backend is unusable afterwards. Closing twice is harmless."""

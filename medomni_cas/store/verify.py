@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CORRUPT",
+    "DAMAGED",
     "DANGLING_REF",
     "MALFORMED",
     "MISSING",
@@ -64,12 +65,15 @@ CORRUPT = "corrupt"
 MISSING = "missing"
 MALFORMED = "malformed"
 DANGLING_REF = "dangling-ref"
+DAMAGED = "damaged-file"
 _FIRST_BYTE = operator.itemgetter(0)
 
 
 class Problem(msgspec.Struct, frozen=True):
-    """One finding: ``kind`` is corrupt, missing, malformed or dangling-ref; ``id`` is the
-    object's hex id (the ref's name for dangling-ref); ``ref`` the ref it was reached from."""
+    """One finding: ``kind`` is corrupt, missing, malformed, dangling-ref or damaged-file;
+    ``id`` is the object's hex id (the ref's name for dangling-ref, the file's path for a
+    damaged file of the backend's own, `Backend.damage`); ``ref`` the ref it was reached
+    from."""
 
     kind: str
     id: str
@@ -368,6 +372,8 @@ def _scan(w: _Walk, found: _Problems) -> None:
                     MALFORMED, key.hex(), f"stored key {key.hex()} of {len(key)} bytes is not an id"
                 )
         keys = [k for k in keys if len(k) == ID_SIZE]
+    for file, message in backend.damage():
+        found.add(DAMAGED, file, message)
     bad, absent = w.scan(keys)
     for key in absent:
         # Listed but unreadable: gone since the listing (a concurrent gc), or its bytes are

@@ -150,6 +150,10 @@ class CachedBackend(Backend):
         # docstring inherited
         return self.remote.ref_log_names()
 
+    def damage(self) -> list[tuple[str, str]]:
+        # docstring inherited
+        return [*self.local.damage(), *self.remote.damage()]
+
     def close(self) -> None:
         # docstring inherited
         try:

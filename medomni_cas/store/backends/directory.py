@@ -11,7 +11,8 @@ Layout of ``PATH/``::
     names/~<hash>        the full name of a ref whose encoded name is too long for a file
 
 Every file is written to a ``.tmp-*`` file in the same folder and renamed into place, so a
-killed writer leaves at most a temp file, which listings skip.
+killed writer leaves at most a temp file, which listings skip and gc removes once it is
+older than its grace period (`DirectoryBackend.remove_orphans`).
 
 A ref file holds two lines: the hex id (``-`` once deleted) and the length of the committed
 history. The rename of the ref file is the commit point of an update: history bytes past
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, no_store
 from medomni_cas.store.backends._layout import (
     decode_ref_name,
     encode_ref_name,
@@ -121,10 +122,7 @@ class DirectoryBackend(Backend):
     @classmethod
     def from_url(cls, url: str) -> DirectoryBackend:
         """``file:///abs/path`` or ``file://./rel``; ``?fsync=0`` trades durability for speed."""
-        rest = url.removeprefix("file://")
-        path, _, query = rest.partition("?")
-        if not path:
-            raise ValueError(f"file:// URL needs a path, e.g. file://./store: {url!r}")
+        path, query = cls._path_of(url)
         options = parse_qs(query, keep_blank_values=True)
         unknown = set(options) - {"fsync"}
         if unknown:
@@ -133,6 +131,22 @@ class DirectoryBackend(Backend):
         if fsync not in ("0", "1", "true", "false"):
             raise ValueError(f"{url!r}: fsync must be 0 or 1, got {fsync!r}")
         return cls(os.path.expanduser(path), durable=fsync in ("1", "true"), url=url)
+
+    @staticmethod
+    def _path_of(url: str) -> tuple[str, str]:
+        path, _, query = url.removeprefix("file://").partition("?")
+        if not path:
+            raise ValueError(f"file:// URL needs a path, e.g. file://./store: {url!r}")
+        return path, query
+
+    @classmethod
+    def open_at(cls, url: str, *, create: bool = True) -> DirectoryBackend:
+        # docstring inherited
+        # every release made objects/ when it opened a folder; opening makes it too
+        path = Path(os.path.expanduser(cls._path_of(url)[0]))
+        if not create and not (path / "objects").is_dir():
+            raise no_store(url)
+        return cls.from_url(url)
 
     # -- objects -------------------------------------------------------------------------------
     def _object_path(self, key: bytes) -> Path:
@@ -222,6 +236,30 @@ class DirectoryBackend(Backend):
                 n += 1
             except FileNotFoundError:
                 pass
+        return n
+
+    def remove_orphans(self, older_than: float) -> int:
+        """The temp files of killed writers (``.tmp-*``, never renamed into place) in every
+        folder of the store, older than ``older_than``; return how many were removed."""
+        folders = [self._refs, self._logs, self._names, self._objects]
+        with contextlib.suppress(FileNotFoundError):
+            folders += [Path(e.path) for e in os.scandir(self._objects) if e.is_dir()]
+        n = 0
+        for folder in folders:
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if not entry.name.startswith(TMP_PREFIX):
+                    continue
+                try:
+                    # a writer that is still at work has touched its file within the grace
+                    if entry.stat(follow_symlinks=False).st_mtime < older_than:
+                        os.unlink(entry.path)
+                        n += 1
+                except FileNotFoundError:
+                    pass  # renamed into place or removed meanwhile
         return n
 
     # -- refs ----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Literal, TypeVar, cast, overload
 
 import lmdb
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, no_store
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._lmdbenv import acquire
 from medomni_cas.store.files import TMP_PREFIX, FileWriter
@@ -84,6 +84,15 @@ class LMDBBackend(Backend):
         if not path:
             raise ValueError("lmdb:// URL needs a path, e.g. lmdb://./.medomni/store")
         return cls(path, url=url)
+
+    @classmethod
+    def open_at(cls, url: str, *, create: bool = True) -> LMDBBackend:
+        # docstring inherited
+        # opening the environment creates it: look for its data file first
+        path = Path(url.removeprefix("lmdb://").split("?", 1)[0]).expanduser()
+        if not create and not (path / "data.mdb").is_file():
+            raise no_store(url)
+        return cls.from_url(url)
 
     def reader_url(self) -> str:
         # docstring inherited
