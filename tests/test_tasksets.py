@@ -1,4 +1,4 @@
-"""Task sets and benchmarks: a set only grows, publish --configs-only holds no data,
+"""Task sets and benchmarks: a set only grows, publish (configs only) holds no data,
 rebuild compares ids pair by pair, sign-off freezes a template, plug-ins are found."""
 
 from __future__ import annotations
@@ -230,12 +230,12 @@ def test_whole_publish_refused_for_credentialed_data(
     ds = tree / "studio/datasets/synth-ehr/dataset.yaml"
     ds.write_text(ds.read_text().replace("credentialed: false", "credentialed: true"))
     assert "credentialed: true" in ds.read_text()
-    with pytest.raises(TaskSetError, match=r"credentialed.*--configs-only"):
+    with pytest.raises(TaskSetError, match=r"credentialed.*without --with-data"):
         publish(
             store,
             SET,
             out / "x.bundle",
-            configs_only=False,
+            with_data=True,
             studio=tree / "studio",
             bench=tree / "bench",
         )
@@ -244,7 +244,7 @@ def test_whole_publish_refused_for_credentialed_data(
         store,
         SET,
         out / "whole.bundle",
-        configs_only=False,
+        with_data=True,
         studio=EXAMPLES / "studio",
         bench=EXAMPLES / "bench",
     )

@@ -165,18 +165,23 @@ def cmd_taskset_show(args: argparse.Namespace) -> int:
 
 
 def cmd_taskset_publish(args: argparse.Namespace) -> int:
-    """Write the set's bundle: configs only (for credentialed data), or the whole build."""
+    """Write the set's bundle: configs only, or with --with-data the whole build (answer
+    keys included; refused for credentialed data)."""
     folders = workspace_folders()
     with open_store(args) as store:
         info = publish(
             store,
             args.name,
             args.output,
-            configs_only=args.configs_only,
+            with_data=args.with_data,
             studio=folders.get("studio", args.studio),
             bench=folders.get("bench", args.bench),
         )
-    what = "configs only" if args.configs_only else "the whole build"
+    what = (
+        "with data: evidence and answer keys"
+        if args.with_data
+        else "configs only: no patient data, no answers"
+    )
     emit(
         args,
         to_builtins(info),
@@ -288,11 +293,15 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = add_command(ts, "publish", cmd_taskset_publish, "write a task set's bundle")
     p.add_argument("name", metavar="BENCHMARK/SET")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the bundle to write")
-    p.add_argument(
-        "--configs-only",
+    holds = p.add_mutually_exclusive_group()
+    holds.add_argument(
+        "--with-data",
         action="store_true",
-        help="only the configs and the ids they build to: no patient data, no answers",
+        help="the whole build: evidence and answer keys (refused for credentialed data); "
+        "without it, only the configs and the ids they build to",
     )
+    # the default since --with-data: kept so that scripts written before keep working
+    holds.add_argument("--configs-only", action="store_true", help="the default (kept for scripts)")
     _folders(p, bench=True)
     p = add_command(ts, "rebuild", cmd_taskset_rebuild, "rebuild a published set and compare")
     p.add_argument("bundle", metavar="BUNDLE")

@@ -5,10 +5,12 @@
   an update that drops a pair or an arm, changes a pair's N or the builder is refused.
 * A ``SetBuild`` ties the set to the `BuildResult` of every pair under every arm (and rung);
   ``studio/sets/<benchmark>/<set>`` points at the latest one (it moves with X rises).
-* ``publish(configs_only=True)`` writes a bundle whose closure holds the set, the card and
-  the build configs, with the ids they built to as text: no patient data, no answers.
-  ``rebuild`` builds every published config from itself and one's own dataset (no set file
-  or template is read) and compares the ids, pair by pair.
+* ``publish`` writes, by default, a bundle whose closure holds the set, the card and the
+  build configs, with the ids they built to as text: no patient data, no answers. Only
+  ``with_data=True`` writes the whole build (evidence and answer keys), and never for a
+  set that reads a credentialed dataset. The bundle's manifest says which it holds
+  (`HOLDS`). ``rebuild`` builds every published config from itself and one's own dataset
+  (no set file or template is read) and compares the ids, pair by pair.
 * A pair a set pins below its cohort's N is frozen (`FrozenPair`): the set keeps the pair's
   last build, since a new N enters only a new task set, and cannot change any more.
 
@@ -46,6 +48,9 @@ from medomni_cas.studio.refnames import TASK_SET_REFS, published_ref, set_build_
 from medomni_cas.studio.schema import LADDER_ARM, Dataset, TaskSet, Version
 
 __all__ = [
+    "CONFIGS_ONLY",
+    "HOLDS",
+    "WITH_DATA",
     "RebuildRow",
     "SetView",
     "SetBuilt",
@@ -307,36 +312,49 @@ def _credentialed(store: Store, studio: Path | None, entries: tuple[SetEntry, ..
     return out
 
 
+#: The manifest key of a published bundle (`publish`) saying what it holds, and its values.
+HOLDS = "holds"
+CONFIGS_ONLY = "configs-only"
+WITH_DATA = "with-data"
+
+
 def publish(
     store: Store,
     name: str,
     path: str | os.PathLike[str],
     *,
-    configs_only: bool = True,
+    with_data: bool = False,
     studio: str | Path | None = None,
     bench: str | Path | None = None,
 ) -> BundleInfo:
     """Write ``<benchmark>/<set>``'s bundle to ``path``.
 
-    ``configs_only``: the set, its benchmark card and every build config, with the ids they
-    built to as text (a `PublishedSet`). Otherwise the whole build, answers included, which
-    is refused for a set that reads a credentialed dataset (or one the studio does not show).
+    By default the set, its benchmark card and every build config, with the ids they
+    built to as text (a `PublishedSet`): no patient data, no answers. ``with_data``: the
+    whole build, evidence and answer keys included, which is refused for a set that reads
+    a credentialed dataset (``credentialed: true`` in its ``dataset.yaml``, or one the
+    studio does not show). The manifest says which (``holds``: `CONFIGS_ONLY` or
+    `WITH_DATA`, and ``task_set``: the name).
     """
     view = show_set(store, name)
     if not view.entries:
         raise TaskSetError(f"task set {name} has no build; run `medomni studio taskset build`")
     studio_path = Path(studio) if studio is not None else None
     refs = {task_set_ref(name): view.task_set}
-    if not configs_only:
+    if with_data:
         cred = _credentialed(store, studio_path, view.entries)
         if cred:
             raise TaskSetError(
                 f"task set {name} reads credentialed data ({', '.join(cred)}); only its "
-                "configs may leave this store: publish with --configs-only"
+                "configs may leave this store: publish it without --with-data"
             )
         assert view.build is not None
         return export_bundle(
-            store, [view.build], path, refs=refs | {set_build_ref(name): view.build}
+            store,
+            [view.build],
+            path,
+            refs=refs | {set_build_ref(name): view.build},
+            manifest={HOLDS: WITH_DATA, "task_set": name},
         )
     bench_name, _ = split_set_name(name)
     if studio_path is None:
@@ -359,7 +377,13 @@ def publish(
             )
         )
     pub = store.put(PublishedSet(task_set=view.task_set, benchmark=card, entries=tuple(entries)))
-    return export_bundle(store, [pub], path, refs=refs | {published_ref(name): pub})
+    return export_bundle(
+        store,
+        [pub],
+        path,
+        refs=refs | {published_ref(name): pub},
+        manifest={HOLDS: CONFIGS_ONLY, "task_set": name},
+    )
 
 
 @dataclass(frozen=True)
@@ -434,7 +458,7 @@ def rebuild(
     if len(pubs) != 1:
         raise TaskSetError(
             f"{os.fspath(bundle)}: not a configs-only task set bundle "
-            "(`medomni studio taskset publish --configs-only`)"
+            "(`medomni studio taskset publish`, without --with-data)"
         )
     pub = store.get(pubs[0], PublishedSet)
     published_set = store.get(pub.task_set, TaskSetRecord)
