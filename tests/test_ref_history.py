@@ -206,7 +206,8 @@ def test_concurrent_writers_keep_the_chain_whole(any_store: mc.Store) -> None:
 
     def writer(k: int) -> None:
         for i in range(rounds):
-            store.refs.update("counter", lambda _cur, i=i: values[(k + i) % len(values)])
+            value = values[(k + i) % len(values)]
+            store.refs.update("counter", lambda _cur, value=value: value)  # type: ignore[misc]
 
     threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
     for t in threads:

@@ -11,6 +11,7 @@ fast-forward): 2, with a message naming the ref, the old and new ids and why.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -313,7 +314,7 @@ def test_refs_api_refuses_and_forces(store: mc.Store) -> None:
         with pytest.raises(RefPolicyRefused):
             store.refs.set_if_equals(REF, full, bad)
         with pytest.raises(RefPolicyRefused):
-            store.refs.update(REF, lambda _, bad=bad: bad)
+            store.refs.update(REF, lambda _, bad=bad: bad)  # type: ignore[misc]
     for refused in (lambda: store.refs.delete(REF), lambda: store.refs.remove_if_equals(REF, full)):
         with pytest.raises(RefPolicyRefused, match="only grows"):
             refused()
@@ -368,3 +369,43 @@ def test_registered_policy_runs_on_its_prefix_only(store: mc.Store) -> None:
     assert seen == [("guarded/x", None, a), ("guarded/x", a, b), ("guarded/x", b, None)]
     assert not covered("guarded/x")
     store.refs.delete("guarded/x")
+
+
+def test_the_studio_policy_is_found_by_its_entry_point() -> None:
+    """Found through the installed entry point, without importing the studio first."""
+    from medomni_cas.store.policies import ENTRY_POINT_GROUP, covered, policies_for
+
+    names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    assert "tasksets" in names
+    assert covered(REF) and covered("tasksets/x/y") and not covered("taskset/x")
+    from medomni_cas.studio.refpolicy import TASKSETS_GROW
+
+    assert policies_for(REF) == [TASKSETS_GROW]
+    assert policies_for("published/medomni-bench/v1") == []
+
+
+def test_a_name_no_policy_covers_loads_no_policy(tmp_path: Path) -> None:
+    """The hot path (runs/slots/* and the like) pays one prefix check: the studio's
+    policy is imported only when a tasksets/ ref moves (a fresh process shows it)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, medomni_cas as mc\n"
+        "s = mc.open('memory://'); a = s.put_blob(b'a')\n"
+        "s.refs.set('runs/slots/' + a.hex(), a)\n"
+        "print('medomni_cas.studio.refpolicy' in sys.modules)\n"
+        "s.refs.set('tasksets/demo/set', a)\n"
+        "print('medomni_cas.studio.refpolicy' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env=os.environ.copy(),
+        timeout=120,
+    ).stdout
+    assert out.split() == ["False", "True"]

@@ -189,9 +189,7 @@ def cmd_ref_set(args: argparse.Namespace) -> int:
             expected = store.resolve(args.expect)
         else:
             expected = store.refs.get(args.name)
-        store.refs.set(
-            args.name, new, expected=expected, message=args.message, force=_forced(args)
-        )
+        store.refs.set(args.name, new, expected=expected, message=args.message, force=_forced(args))
     emit(args, {"name": args.name, "old": expected, "new": new}, f"{new.hex()} {args.name}")
     return EXIT_OK
 
@@ -642,6 +640,4 @@ def _sync_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _force_argument(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument(
-        "--force", action="store_true", help=f"{what}; needs -m saying why (recorded)"
-    )
+    p.add_argument("--force", action="store_true", help=f"{what}; needs -m saying why (recorded)")

@@ -13,7 +13,7 @@ Contract for implementers:
   (``None`` = absent), set it to ``new`` (``None`` = delete) and append ``entry`` to its
   history, all or nothing. Losing a race returns False; it never raises for that. The
   entry is bytes, or a function of the previous history entry's bytes (None for the
-  first) that makes them (`entry_bytes`): the hash chain of `medomni_cas.store.reflog`,
+  first) that makes them: the hash chain of `medomni_cas.store.reflog`,
   which must be made inside the atomic step so that two writers cannot link the same
   predecessor.
 * Backends that cannot make ``ref_update`` atomic against other processes set
@@ -26,16 +26,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import ClassVar, Self
 
-__all__ = ["FRESHEN_AFTER", "Backend", "Entry", "entry_bytes"]
+__all__ = ["FRESHEN_AFTER", "Backend", "Entry"]
 
 #: A history entry as `Backend.ref_update` takes it: its bytes, or a function of the
 #: previous entry's bytes (None when there is none) that returns them.
 Entry = bytes | Callable[[bytes | None], bytes]
-
-
-def entry_bytes(entry: Entry, previous: Callable[[], bytes | None]) -> bytes:
-    """The bytes of ``entry``; ``previous`` reads the previous entry, only when needed."""
-    return entry if isinstance(entry, bytes) else entry(previous())
 
 #: An object put again has its write time refreshed only when that time is older than this
 #: (seconds), so that a rebuild writes (almost) nothing while gc's grace period, which counts

@@ -342,7 +342,7 @@ def import_bundle(
                 )
         updates = _plan_refs(store, f, name, index, lay.refs) if refs else []
         new = _write_objects(store, f, name, lay, index, progress)
-    _check_policies(store, updates)
+    _check_policies(store, name, updates)
     done: list[str] = []
     for ref, old, value in updates:
         if not store.refs.set_if_equals(ref, old, value, f"import {name}"):
@@ -373,13 +373,19 @@ def _plan_refs(
     return plan
 
 
-def _check_policies(store: Store, updates: list[tuple[str, ObjectId | None, ObjectId]]) -> None:
+def _check_policies(
+    store: Store, path: str, updates: list[tuple[str, ObjectId | None, ObjectId]]
+) -> None:
     """Run the update policies of every ref to move before any moves (they read the new
     records, so the objects are in by now): a bundle's refs move all or none. Reaching
     the old value is never enough for them (a crafted record may link anything)."""
     for ref, old, value in updates:
         if policies.covered(ref):
-            policies.check(store, ref, old, value)
+            try:
+                policies.check(store, ref, old, value)
+            except policies.RefPolicyRefused as e:
+                e.args = (f"{path}: {e.args[0]}; no ref was moved (the objects are stored)",)
+                raise
 
 
 def _reaches(

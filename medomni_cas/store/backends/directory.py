@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, entry_bytes
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry
 from medomni_cas.store.backends._layout import (
     decode_ref_name,
     encode_ref_name,
@@ -262,7 +262,7 @@ class DirectoryBackend(Backend):
                 return False
             if encoded.startswith("~"):
                 atomic_write(self._names / encoded, name.encode(), durable=self.durable)
-            data = entry_bytes(entry, lambda: self._last_entry(encoded, state))
+            data = entry if isinstance(entry, bytes) else entry(self._last_entry(encoded, state))
             log_end = self._append_log(encoded, state.log_end, data)
             new_state = _RefState(None if new is None else bytes(new), log_end, state.log_end)
             atomic_write(self._ref_file(encoded), new_state.dump(), durable=self.durable)

@@ -31,7 +31,7 @@ from typing import Literal, TypeVar, cast, overload
 
 import lmdb
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, entry_bytes
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._lmdbenv import acquire
 from medomni_cas.store.files import TMP_PREFIX, FileWriter
@@ -358,8 +358,10 @@ class LMDBBackend(Backend):
                 txn.put(key, bytes(new), db=self._refs)
             cur = txn.cursor(self._reflog)
             last = self._last_seq(cur, key)
-            # the cursor sits on the last entry when there is one
-            data = entry_bytes(entry, lambda: bytes(cur.value()) if last else None)
+            if isinstance(entry, bytes):
+                data = entry
+            else:  # the cursor sits on the last entry when there is one
+                data = entry(bytes(cur.value()) if last else None)
             txn.put(key + b"\x00" + (last + 1).to_bytes(8, "big"), data, db=self._reflog)
             return True
 

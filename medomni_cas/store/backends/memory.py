@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from medomni_cas.store.backend import Backend, Entry, entry_bytes
+from medomni_cas.store.backend import Backend, Entry
 
 __all__ = ["MemoryBackend"]
 
@@ -82,7 +82,7 @@ class MemoryBackend(Backend):
             if self._refs.get(name) != old:
                 return False
             log = self._logs.setdefault(name, [])
-            data = entry_bytes(entry, lambda: log[-1] if log else None)
+            data = entry if isinstance(entry, bytes) else entry(log[-1] if log else None)
             if new is None:
                 self._refs.pop(name, None)
             else:
