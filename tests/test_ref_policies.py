@@ -168,6 +168,38 @@ def test_cli_ref_set_force_moves_and_is_recorded(
         assert not store.refs.history(REF)[0].forced
 
 
+def test_cli_delete_then_rebuild_from_a_shorter_set_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The observed sequence: `cas ref delete`, then `studio taskset build` from a set file
+    with fewer pairs. The delete is refused; forced, the rebuild still must grow the set
+    the history names."""
+    import yaml
+
+    from tests._sets import small_tree
+
+    root = small_tree(tmp_path / "tree", arms=["no-perception"], name="small")
+    (tmp_path / "workspace.yaml").write_text(
+        f"store: lmdb://{tmp_path}/store\nstudio: {root / 'studio'}\nbench: {root / 'bench'}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    ref = "tasksets/medomni-bench/small"
+    code, _, err = run(capsys, "studio", "taskset", "build", "medomni-bench/small")
+    assert code == 0, err
+    code, _, err = run(capsys, "cas", "ref", "delete", ref)
+    assert code == 2 and "only grows" in err, err
+    code, _, err = run(capsys, "cas", "ref", "delete", ref, "--force", "-m", "start over")
+    assert code == 0, err
+    set_file = root / "bench/benchmarks/medomni-bench/sets/small.yaml"
+    doc = yaml.safe_load(set_file.read_text())
+    dropped = doc["pairs"].pop()["task"]
+    set_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, _, err = run(capsys, "studio", "taskset", "build", "medomni-bench/small")
+    assert code == 2 and dropped in err and "deleted" in err, err
+    with mc.open(f"lmdb://{tmp_path}/store") as store:
+        assert ref not in store.refs
+
+
 # -- push, pull, clone -----------------------------------------------------------------------------
 @pytest.fixture(params=["file", "s3"])
 def remote(request: pytest.FixtureRequest, tmp_path: Path) -> str:
