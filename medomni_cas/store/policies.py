@@ -28,7 +28,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
 from medomni_cas.errors import ConflictError
@@ -96,7 +96,7 @@ class _Registry:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.prefixes: tuple[str, ...] | None = None
-        self.entry_points: dict[str, object] = {}  # prefix -> EntryPoint, or its loaded policy
+        self.entry_points: dict[str, EntryPoint | RefPolicy] = {}  # loaded on first use
         self.registered: dict[str, list[RefPolicy]] = {}
 
     def load_prefixes(self) -> tuple[str, ...]:
@@ -123,17 +123,17 @@ class _Registry:
 
     def _loaded(self, prefix: str) -> RefPolicy:
         with self.lock:
-            value = self.entry_points[prefix]
-            if not isinstance(value, RefPolicy):
-                ep = value
-                value = ep.load()  # type: ignore[attr-defined]
-                if not isinstance(value, RefPolicy):
-                    raise TypeError(
-                        f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} "  # type: ignore[attr-defined]
-                        f"({ep.value}) is a {type(value).__name__}, not a RefPolicy"  # type: ignore[attr-defined]
-                    )
-                self.entry_points[prefix] = value
-            return value
+            found = self.entry_points[prefix]
+            if isinstance(found, RefPolicy):
+                return found
+            policy = found.load()
+            if not isinstance(policy, RefPolicy):
+                raise TypeError(
+                    f"entry point {found.name!r} of {ENTRY_POINT_GROUP} ({found.value}) is a "
+                    f"{type(policy).__name__}, not a RefPolicy"
+                )
+            self.entry_points[prefix] = policy
+            return policy
 
 
 _REGISTRY = _Registry()

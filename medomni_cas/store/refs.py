@@ -185,9 +185,10 @@ class Refs:
         value must be what the last entry set, and the hash chain whole. Empty when nothing."""
         try:
             raws = self._backend.ref_log(check_ref_name(name))
-        except (OSError, ValueError) as e:
-            return [f"ref {name}: its history cannot be read: {e}"]
-        return check_history(name, raws, self._backend.ref_get(name))
+            current = self._backend.ref_get(name)
+        except (OSError, ValueError) as e:  # a damaged history or ref file
+            return [f"ref {name}: it or its history cannot be read: {e}"]
+        return check_history(name, raws, current)
 
     def logged_names(self) -> list[str]:
         return list(self._backend.ref_log_names())
