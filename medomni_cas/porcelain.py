@@ -600,14 +600,16 @@ def push(
     *,
     workspace: Workspace | str | Path | None = ".",
     force: bool = False,
+    message: str = "",
     progress: Callable[[SyncProgress], None] | None = None,
     single_writer: bool = False,
 ) -> SyncReport:
     """Send ``refs`` (default: all of ``store``'s) and what they reach to ``remote``.
 
-    ``single_writer`` opens the remote allowing ref updates without conditional writes."""
+    ``single_writer`` opens the remote allowing ref updates without conditional writes;
+    ``force`` and ``message``: see `medomni_cas.store.sync.transfer`."""
     with _remote(remote, workspace, single_writer=single_writer) as dst:
-        return sync.push(store, dst, refs, force=force, progress=progress)
+        return sync.push(store, dst, refs, force=force, message=message, progress=progress)
 
 
 def pull(
@@ -617,6 +619,7 @@ def pull(
     *,
     workspace: Workspace | str | Path | None = ".",
     force: bool = False,
+    message: str = "",
     progress: Callable[[SyncProgress], None] | None = None,
 ) -> SyncReport:
     """Fetch ``refs`` (default: all of the remote's) and what they reach into ``store``.
@@ -624,4 +627,4 @@ def pull(
     The remote must exist: pulling from a mistyped local path is an error, not an empty
     store."""
     with _remote(remote, workspace, create=False) as src:
-        return sync.pull(store, src, refs, force=force, progress=progress)
+        return sync.pull(store, src, refs, force=force, message=message, progress=progress)

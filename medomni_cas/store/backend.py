@@ -11,7 +11,11 @@ Contract for implementers:
   it), and must leave no partially written object behind if the process dies.
 * ``ref_update`` is the one atomic step: compare the current value of a ref with ``old``
   (``None`` = absent), set it to ``new`` (``None`` = delete) and append ``entry`` to its
-  history, all or nothing. Losing a race returns False; it never raises for that.
+  history, all or nothing. Losing a race returns False; it never raises for that. The
+  entry is bytes, or a function of the previous history entry's bytes (None for the
+  first) that makes them: the hash chain of `medomni_cas.store.reflog`,
+  which must be made inside the atomic step so that two writers cannot link the same
+  predecessor.
 * Backends that cannot make ``ref_update`` atomic against other processes set
   ``supports_atomic_refs = False``; the store then refuses multi-writer ref updates.
 """
@@ -19,10 +23,14 @@ Contract for implementers:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import ClassVar, Self
 
-__all__ = ["FRESHEN_AFTER", "Backend", "no_store"]
+__all__ = ["FRESHEN_AFTER", "Backend", "Entry", "no_store"]
+
+#: A history entry as `Backend.ref_update` takes it: its bytes, or a function of the
+#: previous entry's bytes (None when there is none) that returns them.
+Entry = bytes | Callable[[bytes | None], bytes]
 
 #: An object put again has its write time refreshed only when that time is older than this
 #: (seconds), so that a rebuild writes (almost) nothing while gc's grace period, which counts
@@ -105,8 +113,9 @@ class Backend(ABC):
         """The id a ref points to, or None."""
 
     @abstractmethod
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
-        """Atomically: if the ref equals ``old``, set it to ``new`` and log ``entry``."""
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
+        """Atomically: if the ref equals ``old``, set it to ``new`` and log ``entry`` (see
+        `Entry`)."""
 
     @abstractmethod
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:

@@ -32,7 +32,8 @@ so one flipped byte anywhere in a bundle is detected.
 Importing reads the file three times and writes nothing until the whole of it is proven
 good: the digest; then every record (its id, canonical form and links, and that the bundle
 is closed over the store it goes into) and every ref (no conflict); then the objects are
-written in batches, and the refs last.
+written in batches, and the refs last: the update policies of every ref
+(`medomni_cas.store.policies`) first, then each ref's compare-and-swap.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import blake3
 import msgspec
 
 from medomni_cas.errors import ConflictError, InvalidId, InvalidName, InvalidObject, NotFound
-from medomni_cas.store import encoding
+from medomni_cas.store import encoding, policies
 from medomni_cas.store.ids import ID_SIZE, ObjectId, hash_bytes, parse_id
 from medomni_cas.store.refs import check_ref_name
 
@@ -360,6 +361,7 @@ def import_bundle(
                 )
         updates = _plan_refs(store, f, name, index, lay.refs) if refs else []
         new = _write_objects(store, f, name, lay, index, progress)
+    _check_policies(store, name, updates)
     done: list[str] = []
     for ref, old, value in updates:
         if not store.refs.set_if_equals(ref, old, value, f"import {name}"):
@@ -388,6 +390,21 @@ def _plan_refs(
             raise BundleRefConflict(path, name, current.hex(), value.hex())
         plan.append((name, current, value))
     return plan
+
+
+def _check_policies(
+    store: Store, path: str, updates: list[tuple[str, ObjectId | None, ObjectId]]
+) -> None:
+    """Run the update policies of every ref to move before any moves (they read the new
+    records, so the objects are in by now): a bundle's refs move all or none. Reaching
+    the old value is never enough for them (a crafted record may link anything)."""
+    for ref, old, value in updates:
+        if policies.covered(ref):
+            try:
+                policies.check(store, ref, old, value)
+            except policies.RefPolicyRefused as e:
+                e.args = (f"{path}: {e.args[0]}; no ref was moved (the objects are stored)",)
+                raise
 
 
 def _reaches(

@@ -31,7 +31,7 @@ from typing import Literal, TypeVar, cast, overload
 
 import lmdb
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend, no_store
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._lmdbenv import acquire
 from medomni_cas.store.files import TMP_PREFIX, FileWriter
@@ -353,7 +353,7 @@ class LMDBBackend(Backend):
             get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
             return list(map(get, keys))
 
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         # docstring inherited
         key = name.encode()
 
@@ -365,8 +365,13 @@ class LMDBBackend(Backend):
                 txn.delete(key, db=self._refs)
             else:
                 txn.put(key, bytes(new), db=self._refs)
-            seq = self._last_seq(txn.cursor(self._reflog), key) + 1
-            txn.put(key + b"\x00" + seq.to_bytes(8, "big"), entry, db=self._reflog)
+            cur = txn.cursor(self._reflog)
+            last = self._last_seq(cur, key)
+            if isinstance(entry, bytes):
+                data = entry
+            else:  # the cursor sits on the last entry when there is one
+                data = entry(bytes(cur.value()) if last else None)
+            txn.put(key + b"\x00" + (last + 1).to_bytes(8, "big"), data, db=self._reflog)
             return True
 
         return self._write(update)

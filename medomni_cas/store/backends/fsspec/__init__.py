@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend, no_store
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._packs import CorruptPack
 from medomni_cas.store.backends.fsspec._packfiles import PACK_BYTES, PackFiles
@@ -405,6 +405,6 @@ class FsspecBackend(Backend):
         # docstring inherited
         return self.ref_files.log_names()
 
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         # docstring inherited
         return self.ref_files.update(name, old, new, entry)
