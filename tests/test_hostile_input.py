@@ -346,3 +346,109 @@ def test_submission_path_inside_the_workspace_loads(tree: Path, path: str) -> No
     template = tree / CKD / "template.yaml"
     template.write_text(template.read_text().replace("/workspace/answer.json", path))
     assert folders.load_template(tree / CKD).template.agent.submission_path == path
+
+
+# -- request bodies to the perception gateway -------------------------------------------------
+def _rss_kib(pid: int, field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` (the peak) of a process, in KiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for process {pid}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc to read RSS")
+def test_a_400_mb_chunked_post_gets_413_before_it_is_sent(tmp_path: Path) -> None:
+    """A real gateway (the sidecar's command) and a chunked POST streamed by the test: the
+    answer is 413 while the client is still sending (the server stopped reading), and the
+    gateway's peak RSS grows by far less than the body."""
+    import select
+    import socket
+    import time
+    import urllib.request
+
+    pytest.importorskip("uvicorn")
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    port = _free_port()
+    gw = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "medomni_cas.bench.perception", "--evidence", str(evidence)),
+            *("--families", "ecg", "--budget", "3", "--host", "127.0.0.1", "--port", str(port)),
+        ],
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert gw.poll() is None, gw.stderr.read() if gw.stderr else ""
+                assert time.monotonic() < deadline, "the gateway did not start"
+                time.sleep(0.1)
+        before = _rss_kib(gw.pid, "VmRSS")
+        total, piece = 400 << 20, b"x" * (64 << 10)
+        chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.sendall(
+            b"POST /v1/encode HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        sock.setblocking(False)
+        sent, answer = 0, b""
+        stalled_since = time.monotonic()
+        while sent < total:
+            readable, writable, _ = select.select([sock], [sock], [], 1.0)
+            if readable:
+                try:
+                    got = sock.recv(65536)
+                except ConnectionResetError:
+                    got = b""
+                answer += got
+                if not got or b"\r\n\r\n" in answer:
+                    break  # answered (or closed) before the body was sent
+            if writable:
+                try:
+                    sent += sock.send(chunk)
+                    stalled_since = time.monotonic()
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+            # the old gateway read all 400 MB before answering; this one must answer first
+            assert time.monotonic() - stalled_since < 60, "the gateway neither reads nor answers"
+        sock.setblocking(True)
+        sock.settimeout(30)
+        if sent >= total:
+            sock.sendall(b"0\r\n\r\n")  # the end of the body: the old gateway answers now
+        while b"\r\n\r\n" not in answer:
+            try:
+                got = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not got:
+                break
+            answer += got
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert sent < total, "the whole body was sent before an answer came"
+        grown = _rss_kib(gw.pid, "VmHWM") - before
+        assert grown < 32 << 10, f"the gateway's peak RSS grew by {grown} KiB"
+        # and it still serves
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        gw.terminate()
+        gw.wait(timeout=30)
