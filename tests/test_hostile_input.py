@@ -452,3 +452,38 @@ def test_a_400_mb_chunked_post_gets_413_before_it_is_sent(tmp_path: Path) -> Non
     finally:
         gw.terminate()
         gw.wait(timeout=30)
+
+
+def test_the_harbor_relay_refuses_a_large_body_unread() -> None:
+    """The host-side relay of the Harbor adapter put a whole body on a command line: one
+    declared past the gateway's limit is answered 413 before any of it is read, and the
+    container is never asked (its environment is not touched)."""
+    import asyncio
+    import socket
+
+    pytest.importorskip("harbor")
+    from medomni_harbor.agents import _Relay
+
+    class Untouched:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the relay used the environment ({name})")
+
+    async def post() -> bytes:
+        with _Relay(Untouched(), "http://perception:8899") as relay:
+            host, port = relay.server.server_address[:2]
+
+            def talk() -> bytes:
+                with socket.create_connection((str(host), int(port)), timeout=30) as s:
+                    s.sendall(
+                        b"POST /v1/encode HTTP/1.0\r\nContent-Length: 419430400\r\n\r\n"
+                        + b"x" * 1024
+                    )
+                    out = b""
+                    while chunk := s.recv(65536):
+                        out += chunk
+                    return out
+
+            return await asyncio.to_thread(talk)
+
+    answer = asyncio.run(post())
+    assert answer.startswith(b"HTTP/1.0 413"), answer[:200]
