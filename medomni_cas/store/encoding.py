@@ -201,6 +201,16 @@ def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
+# bytes that are not the header of a msgpack map or array (fixmap, fixarray, 16 and 32)
+_NOT_CONTAINERS = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
+
+
+def _may_be_deep(data: bytes | memoryview) -> bool:
+    """False when ``data`` cannot nest deeper than `MAX_DEPTH`: each level needs a header
+    byte, and fewer bytes than that could be one (a C-level pass; most records)."""
+    return len(bytes(data).translate(None, _NOT_CONTAINERS)) > MAX_DEPTH
+
+
 def _deep_error(kind: str) -> InvalidObject:
     return InvalidObject(f"{kind} object nests maps and arrays deeper than {MAX_DEPTH} levels")
 
@@ -492,7 +502,7 @@ def validate_canonical(data: bytes | memoryview) -> tuple[str, int]:
         raise InvalidObject(f"bad kind or version in object header: {kind!r} v{version}")
     try:
         value = _GENERIC.decode(data)
-        if too_deep(value):
+        if _may_be_deep(data) and too_deep(value):
             raise _deep_error(kind)
         again = _ENCODER.encode(value)
     except RecursionError:

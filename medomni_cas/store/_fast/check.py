@@ -132,7 +132,7 @@ class BatchChecker:
                 return None
             if (kind, version) not in self._kinds:
                 return None
-            if encoding.too_deep(value) or encoding.encode_object(kind, version, body) != data:
+            if encoding.encode_object(kind, version, body) != data or encoding.too_deep(value):
                 return None
             # what its reader checks (a record's class); links are Ext here, which a body
             # check that wants ids refuses: the full check then decides
