@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AmbiguousId",
     "ConflictError",
+    "EnvironmentFailure",
     "IntegrityError",
     "InvalidId",
     "InvalidName",
@@ -85,6 +86,17 @@ class ConflictError(MedomniError):
         self.name = name
         self.expected = expected
         self.current = current
+
+
+class EnvironmentFailure(MedomniError):
+    """What the store stands on failed (a full disk or map, a damaged database, a refused
+    permission, an unreachable endpoint), not the input: ``what`` says what failed. Writes
+    are put-if-absent and refs compare-and-swap, so such a failure loses nothing: the
+    message says so, and the command can be run again once the cause is fixed."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}; nothing was lost (the store holds what it held before)")
+        self.what = what
 
 
 class UnsupportedOperation(MedomniError):

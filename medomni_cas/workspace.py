@@ -251,7 +251,9 @@ class Workspace:
             sep = "" if not text or text.endswith("\n") else "\n"
             text += sep + yaml.safe_dump({key: value}, sort_keys=False)
         else:
-            data = yaml.safe_load(text)  # a mapping: load checked it
+            from medomni_cas.studio.specfile import read_yaml
+
+            data = read_yaml(self.path)  # a mapping: load checked it
             data[key] = value
             text = yaml.safe_dump(data, sort_keys=False)
         self.path.write_text(text, encoding="utf-8")

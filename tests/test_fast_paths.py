@@ -338,26 +338,27 @@ def _put_raw(store: mc.Store, data: bytes) -> ObjectId:
 
 
 def test_verify_finds_what_only_a_full_decode_sees() -> None:
-    """A link in a field the class does not know (a newer writer) or in a field typed as
-    something else is followed; a record that is not canonical is reported."""
+    """A link in a field the class does not know (a newer writer) is followed; a record
+    that is not canonical, or that its class cannot decode (a link in a field typed as
+    something else: no reader reads it), is reported."""
     store = mc.open("memory://")
     k, v = FastRec.__kind__, FastRec.__version__
-    gone = [_id(100 + i) for i in range(3)]  # never stored
+    gone = [_id(100 + i) for i in range(2)]  # never stored
     objs = [
         _put_raw(store, _raw(k, v, {"name": "q", "one": _link(_id(1)), "zz": _link(gone[0])})),
-        _put_raw(store, _raw(k, v, {"name": _link(gone[1]), "one": _link(_id(1))})),
         _put_raw(
-            store, _raw(AnyRec.__kind__, 1, {"one": _link(_id(1)), "payload": _link(gone[2])})
+            store, _raw(AnyRec.__kind__, 1, {"one": _link(_id(1)), "payload": _link(gone[1])})
         ),
     ]
+    mistyped = _put_raw(store, _raw(k, v, {"name": _link(_id(102)), "one": _link(_id(1))}))
     unsorted = _put_raw(store, _raw(k, v, {"one": _link(_id(1)), "name": "q"}))
     nan = _put_raw(store, _raw(k, v, {"name": "q", "one": _link(_id(1)), "score": float("nan")}))
     store.backend.put_many([(_id(1), b"not the bytes of _id(1)")])
-    objs += [unsorted, nan]
+    objs += [mistyped, unsorted, nan]
     report = verify_closure(store, objs)
     found = {(p.kind, p.id) for p in report.problems}
     assert {("missing", g.hex()) for g in gone} <= found
-    assert {("malformed", unsorted.hex()), ("malformed", nan.hex())} <= found
+    assert {("malformed", o.hex()) for o in (mistyped, unsorted, nan)} <= found
     assert ("corrupt", _id(1).hex()) in found
     assert len(report.problems) == 6
     # the audit's walk (no canonical check) follows the same links

@@ -25,7 +25,7 @@ from typing import Any
 from medomni_cas.bench.records import AgentConfig, Limits
 from medomni_cas.errors import MedomniError
 from medomni_cas.studio.schema import Problems, Spec, SpecError
-from medomni_cas.studio.specfile import load_yaml
+from medomni_cas.studio.specfile import load_yaml, read_yaml
 
 __all__ = ["AgentFile", "UnknownAgent", "agent_record", "find_agent", "load_agent"]
 
@@ -117,9 +117,7 @@ class AgentFile(Spec, frozen=True, kw_only=True):
 
 
 def _options(path: Path) -> dict[str, Any]:
-    import yaml
-
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path) or {}
     settings = data.get("settings") or {}
     return {k: v for k, v in settings.items() if k not in ("scaffold", "served_model", "limits")}
 

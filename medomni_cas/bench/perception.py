@@ -229,10 +229,7 @@ class Gateway:
             seq = self._seq
         known: dict[str, str] = {}  # what the request named so far, for the log
         try:
-            size = request.headers.get("content-length", "")
-            if size.isdigit() and int(size) > MAX_BODY:  # refuse before reading it
-                raise _Refusal(413, f"request body over {MAX_BODY} bytes")
-            body = await request.body()
+            body = await _bounded_body(request)
             served, family, params = self._parse(body, known)
             with self._lock:  # check and spend in one step: concurrent calls cannot overspend
                 if self._used >= self.budget:
@@ -379,6 +376,21 @@ class Gateway:
                 # one write per call, flushed on close: a reader never sees half a line
                 with self.log_path.open("ab") as f:
                     f.write(msgspec.json.encode(call) + b"\n")
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request's body, read chunk by chunk as it arrives and refused (413) once it
+    passes `MAX_BODY`, before the rest is read: a chunked upload has no length to check
+    up front, and buffering it whole would let any caller grow the gateway at will."""
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > MAX_BODY:  # declared too large: not read at all
+        raise _Refusal(413, f"request body over {MAX_BODY} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise _Refusal(413, f"request body over {MAX_BODY} bytes (stopped reading it)")
+    return bytes(body)
 
 
 class Tokens:

@@ -2,12 +2,16 @@
 
 Exit codes: 0 ok; 1 the store has a problem (fsck found one, an object is corrupt);
 2 bad input (unknown id or ref, bad name or URL, missing file), reported on stderr in one
-line that names what is at fault. Anything else is a bug and keeps its traceback.
+line that names what is at fault; 2 too when the environment fails (a full disk or LMDB
+map, a damaged database, a refused permission, an unreachable endpoint), in one line that
+says what failed and that nothing was lost (`environment_failure`). Anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from medomni_cas.errors import AmbiguousId, IntegrityError, MedomniError
+from medomni_cas.errors import AmbiguousId, EnvironmentFailure, IntegrityError, MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 
@@ -33,6 +37,7 @@ __all__ = [
     "common_options",
     "emit",
     "emit_json",
+    "environment_failure",
     "isotime",
     "open_store",
     "run",
@@ -210,6 +215,77 @@ def _fail(args: argparse.Namespace, e: BaseException, code: int) -> int:
     return code
 
 
+# errno values that say the machine, not the input, failed
+_ENV_ERRNOS = frozenset(
+    getattr(errno, n)
+    for n in (
+        "ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO", "ENOMEM", "EMFILE", "ENFILE",
+        "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "EHOSTUNREACH", "ENETUNREACH",
+        "ETIMEDOUT", "EPIPE",
+    )
+    if hasattr(errno, n)
+)  # fmt: skip
+
+
+def environment_failure(e: BaseException, store: str | None = None) -> EnvironmentFailure | None:
+    """``e`` as an `EnvironmentFailure` when it is one of the environment (disk, database,
+    permissions, network), else None; ``store`` (its URL) is named when the error does not.
+    Third-party errors are known by their classes (LMDB), or their modules (botocore,
+    aiohttp), so that no backend's package is imported here."""
+    if isinstance(e, EnvironmentFailure):
+        return e
+    env = _environment(e)
+    if env is None:
+        # a backend's own error that says where it failed (``s3://…: reading ref 'x'
+        # failed: …``), raised from one of the environment: its message, which says more
+        cause = e.__cause__
+        for _ in range(4):
+            if cause is None:
+                break
+            inner = _environment(cause)
+            if inner is not None:
+                lead = inner.what.split(": ", 1)[0] + ": " if inner.what.startswith("the ") else ""
+                env = EnvironmentFailure(lead + " ".join(str(e).split()))
+                break
+            cause = cause.__cause__
+    if env is None or not store or "://" in env.what:  # a message naming a store
+        return env
+    return EnvironmentFailure(f"store {store}: {env.what}")
+
+
+def _environment(e: BaseException) -> EnvironmentFailure | None:
+    import lmdb  # a core dependency, and imported by every local store already
+
+    detail = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, lmdb.MapFullError):
+        return EnvironmentFailure(f"the store's LMDB map is full: {detail}")
+    if isinstance(e, lmdb.Error):
+        errno_ = getattr(e, "errno", None) or _errno_in(detail)
+        if errno_ in _ENV_ERRNOS:
+            return EnvironmentFailure(f"the store's LMDB database could not be used: {detail}")
+        return EnvironmentFailure(
+            f"the store's LMDB database failed ({type(e).__name__}: {detail}); if it "
+            "persists, the database file is damaged: copy the store folder before repairing"
+        )
+    root = type(e).__module__.split(".")[0]
+    if root in ("botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "s3fs"):
+        return EnvironmentFailure(f"the remote store could not be reached: {detail}")
+    if isinstance(e, OSError) and e.errno in _ENV_ERRNOS:
+        where = f"{e.filename}" if e.filename is not None else "writing the store"
+        return EnvironmentFailure(f"{where}: {e.strerror or detail}")
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return EnvironmentFailure(f"the remote store could not be reached: {detail}")
+    return None
+
+
+def _errno_in(text: str) -> int | None:
+    """The errno an LMDB message names by its text (py-lmdb keeps only the text)."""
+    for code in _ENV_ERRNOS:
+        if os.strerror(code) in text:
+            return code
+    return None
+
+
 def run(handler: Handler, args: argparse.Namespace) -> int:
     """Run a verb, turning user errors into a message and an exit code (no traceback)."""
     try:
@@ -217,12 +293,17 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
     except IntegrityError as e:
         # the input was fine; the store is damaged, which is what exit 1 reports
         return _fail(args, e, EXIT_PROBLEM)
-    except (MedomniError, OSError, ValueError, ModuleNotFoundError) as e:
-        # MedomniError covers NotFound / AmbiguousId (KeyErrors) and InvalidId / InvalidName;
-        # ValueError covers bad URLs; ModuleNotFoundError a backend whose extra is absent.
+    except Exception as e:
         if isinstance(e, BrokenPipeError):
             return _broken_pipe()
-        return _fail(args, e, EXIT_BAD_INPUT)
+        env = environment_failure(e, getattr(args, "store", None))
+        if env is not None:
+            return _fail(args, env, EXIT_BAD_INPUT)
+        # MedomniError covers NotFound / AmbiguousId (KeyErrors) and InvalidId / InvalidName;
+        # ValueError covers bad URLs; ModuleNotFoundError a backend whose extra is absent.
+        if isinstance(e, (MedomniError, OSError, ValueError, ModuleNotFoundError)):
+            return _fail(args, e, EXIT_BAD_INPUT)
+        raise
     except KeyboardInterrupt:
         sys.stderr.write("medomni: interrupted\n")
         return 130

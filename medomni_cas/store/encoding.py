@@ -13,13 +13,23 @@ An object's canonical bytes are a msgpack array ``[kind, version, body]``:
 Values with more than one encoding for "the same" value are refused: NaN, infinities and
 negative zero, and map keys that are not strings. Golden vectors in the tests pin these
 rules; changing anything here changes ids, which must never happen after a release.
+
+What comes in is what a reader reads
+------------------------------------
+Bytes from outside (`Store.put_raw`, a bundle, a remote, and every object fsck checks) pass
+`validate_canonical`, which refuses what no reader of this release could read: besides the
+canonical rules, maps and arrays nested deeper than `MAX_DEPTH` (no real record comes near
+it; a crafted one would exhaust the recursion of every decoder), a kind the store defines
+(blob, tree) at a version it does not, a body its kind's check refuses (a tree's entry
+names: `register_body_check`, filled by `medomni_cas.store.objects`), and a registered
+record kind whose body its class does not decode.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import GenericAlias
 from typing import Any, ClassVar, cast
 
@@ -33,10 +43,12 @@ __all__ = [
     "BLOB_PREFIX",
     "LINK_EXT",
     "LINK_MARK",
+    "MAX_DEPTH",
     "TREE",
     "Part",
     "Record",
     "View",
+    "check_kind",
     "decode",
     "decode_body",
     "decode_view",
@@ -51,6 +63,8 @@ __all__ = [
     "links",
     "record_class",
     "record_modules",
+    "register_body_check",
+    "too_deep",
     "validate_canonical",
 ]
 
@@ -90,9 +104,15 @@ LINK_MARK = bytes([0xC7, ID_SIZE, LINK_EXT])
 #: The bytes that open every blob: fixarray(3), fixstr "blob", positive fixint 1.
 BLOB_PREFIX = b"\x93\xa4blob\x01"
 
+#: Deepest nesting of maps and arrays in an object, its ``[kind, version, body]`` envelope
+#: counted as one level. Real records nest under 10 levels; a tree is 2.
+MAX_DEPTH = 100
+
 # kind -> version -> class, and the kinds that are not records (raw body types)
 _REGISTRY: dict[str, dict[int, type[Record]]] = {}
 _RAW_KINDS = {BLOB: 1, TREE: 1}
+# (kind, version) -> the check of a generically decoded body (links as ObjectId)
+_BODY_CHECKS: dict[tuple[str, int], Callable[[Any], object]] = {}
 
 
 class Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -150,6 +170,51 @@ def record_class(kind: str, version: int) -> type[Record] | None:
     return _REGISTRY.get(kind, {}).get(version)
 
 
+def register_body_check(kind: str, version: int, check: Callable[[Any], object]) -> None:
+    """Have `validate_canonical` run ``check`` on each generically decoded body of ``kind``
+    v``version`` (links as `ObjectId`); it raises `InvalidObject` saying what is wrong. For
+    the kinds the store defines without a record class (trees); records are checked by
+    their class."""
+    _BODY_CHECKS[(kind, version)] = check
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether maps and arrays in ``value`` nest deeper than ``limit`` (``value`` itself one
+    level if it is one); iterative, so any depth a decoder produced is measured."""
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, depth = pop()
+        t = type(v)
+        if t is dict:
+            items: Any = v.values()
+        elif t is list or t is tuple:
+            items = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        for item in items:
+            ti = type(item)
+            if ti is dict or ti is list or ti is tuple:
+                push((item, depth + 1))
+    return False
+
+
+# bytes that are not the header of a msgpack map or array (fixmap, fixarray, 16 and 32)
+_NOT_CONTAINERS = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
+
+
+def _may_be_deep(data: bytes | memoryview) -> bool:
+    """False when ``data`` cannot nest deeper than `MAX_DEPTH`: each level needs a header
+    byte, and fewer bytes than that could be one (a C-level pass; most records)."""
+    return len(bytes(data).translate(None, _NOT_CONTAINERS)) > MAX_DEPTH
+
+
+def _deep_error(kind: str) -> InvalidObject:
+    return InvalidObject(f"{kind} object nests maps and arrays deeper than {MAX_DEPTH} levels")
+
+
 def record_modules() -> list[str]:
     """The modules that define the registered record classes, for another process to
     import so that it knows the same kinds (``__main__``'s are not importable there)."""
@@ -182,8 +247,10 @@ def has_suspect_float(data: bytes) -> bool:
 def _check_floats(data: bytes, kind: str) -> None:
     if _SUSPECT_FLOAT.search(data) is None:
         return
-    body = _GENERIC.decode(data)[2]
-    bad = _find_bad_float(body, kind)
+    try:
+        bad = _find_bad_float(_GENERIC.decode(data)[2], kind)
+    except RecursionError:
+        raise _deep_error(kind) from None
     if bad is not None:
         raise InvalidObject(f"non-canonical float at {bad} (NaN, infinity and -0.0 are refused)")
 
@@ -192,6 +259,8 @@ def encode_object(kind: str, version: int, body: Any) -> bytes:
     """Canonical bytes of ``[kind, version, body]``; the low-level form of `encode`."""
     try:
         data = _ENCODER.encode((kind, version, body))
+    except RecursionError:
+        raise _deep_error(kind) from None
     except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as e:
         raise InvalidObject(f"cannot encode {kind} object: {e}") from None
     _check_floats(data, kind)
@@ -256,6 +325,8 @@ def decode(data: bytes | memoryview) -> tuple[str, int, Any]:
         return kind, version, decode_body(data, cls)
     try:
         return kind, version, _GENERIC.decode(data)[2]
+    except RecursionError:
+        raise _deep_error(kind) from None
     except msgspec.DecodeError as e:
         raise InvalidObject(f"malformed {kind} object: {e}") from None
 
@@ -280,6 +351,8 @@ def decode_body[T](data: bytes | memoryview, cls: type[T]) -> T:
         raise InvalidObject(f"object is a {kind} v{version}, not a {want[0]} v{want[1]}")
     try:
         return cast(T, dec.decode(data)[2])  # the decoder _TYPED holds for cls makes a cls
+    except RecursionError:
+        raise _deep_error(kind) from None
     except msgspec.ValidationError as e:
         raise InvalidObject(f"malformed {kind} object: {e}") from None
     except msgspec.DecodeError as e:
@@ -399,6 +472,8 @@ def links(data: bytes | memoryview) -> list[ObjectId]:
     out: dict[ObjectId, None] = {}
     try:
         _collect(_GENERIC.decode(data)[2], out)
+    except RecursionError:  # stored by a release that did not bound nesting
+        raise _deep_error(kind_of(data)[0]) from None
     except msgspec.DecodeError as e:
         raise InvalidObject(f"malformed object: {e}") from None
     return list(out)
@@ -411,10 +486,13 @@ def iter_links(values: Any) -> Iterator[ObjectId]:
 
 
 def validate_canonical(data: bytes | memoryview) -> tuple[str, int]:
-    """Check that bytes from outside (a bundle, a remote) are canonical; return kind, version.
+    """Check that bytes from outside (a bundle, a remote) are canonical, and readable by
+    their kind's reader; return kind, version (`InvalidObject` saying what is wrong).
 
     The id of any bytes is their hash, so this is not about integrity: it refuses bytes that
-    no encoder of ours would write, which would otherwise give a second id to one value.
+    no encoder of ours would write, which would otherwise give a second id to one value,
+    and bytes that a reader would refuse (see the module's docstring), which would
+    otherwise be stored, pass checks and fail whoever reads them.
     """
     kind, version = kind_of(data)
     if kind == BLOB:
@@ -424,10 +502,37 @@ def validate_canonical(data: bytes | memoryview) -> tuple[str, int]:
         raise InvalidObject(f"bad kind or version in object header: {kind!r} v{version}")
     try:
         value = _GENERIC.decode(data)
+        if _may_be_deep(data) and too_deep(value):
+            raise _deep_error(kind)
         again = _ENCODER.encode(value)
+    except RecursionError:
+        raise _deep_error(kind) from None
     except (msgspec.DecodeError, TypeError, ValueError) as e:
+        if isinstance(e, InvalidObject):
+            raise
         raise InvalidObject(f"malformed {kind} object: {e}") from None
     if again != bytes(data):
         raise InvalidObject(f"{kind} object is not in canonical form")
     _check_floats(again, kind)
+    check_kind(kind, version, data, value[2])
     return kind, version
+
+
+def check_kind(kind: str, version: int, data: bytes | memoryview, body: Any) -> None:
+    """The checks of ``kind``'s reader on canonical bytes (``body``: their generic decode,
+    links as `ObjectId`): a kind the store defines only at its version, its body check, a
+    registered record's class. `InvalidObject` saying what is wrong."""
+    raw = _RAW_KINDS.get(kind)
+    if raw is not None and version != raw:
+        raise InvalidObject(f"{kind} v{version} is not an object kind (only {kind} v{raw})")
+    check = _BODY_CHECKS.get((kind, version))
+    if check is not None:
+        try:
+            check(body)
+        except ValueError as e:  # InvalidName too, which is not an InvalidObject
+            if type(e) is InvalidObject:
+                raise
+            raise InvalidObject(str(e)) from None
+    cls = record_class(kind, version)
+    if cls is not None:
+        decode_body(data, cls)

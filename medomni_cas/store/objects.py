@@ -6,7 +6,10 @@ Records of MedOmni (templates, atom tasks, runs…) live in the porcelain packag
 Entry names
 -----------
 The rules for a tree entry's name live here, beside `Tree`, which checks them in its
-constructor; `medomni_cas.store.trees` re-checks them on every tree it reads from raw bytes.
+constructor; `medomni_cas.store.trees` re-checks them on every tree it reads from raw bytes
+(`check_tree_body`), and so does every object that comes in from outside: the function is
+registered with `encoding.validate_canonical`, so put, import, sync and fsck refuse a tree
+that no reader would read.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import msgspec
 
 from medomni_cas.errors import InvalidName, InvalidObject
+from medomni_cas.store import encoding
 from medomni_cas.store.encoding import TREE, Record
 from medomni_cas.store.ids import ObjectId
 
@@ -28,6 +32,7 @@ __all__ = [
     "Tree",
     "UnknownObject",
     "check_entry_name",
+    "check_tree_body",
 ]
 
 #: Blobs longer than this are stored as chunks of this size under a `ChunkedBlob`.
@@ -50,6 +55,21 @@ def check_entry_name(name: object) -> str:
     if len(name.encode("utf-8", "surrogatepass")) > MAX_ENTRY_NAME:
         raise InvalidName(f"tree entry name is longer than {MAX_ENTRY_NAME} bytes: {name[:40]!r}…")
     return name
+
+
+def check_tree_body(body: object) -> dict[str, ObjectId]:
+    """A tree's entries from its generically decoded body (links as `ObjectId`): a map of
+    checked names to links; `InvalidName` or `InvalidObject` saying what is wrong."""
+    if not isinstance(body, dict):
+        raise InvalidObject("malformed tree: its body is not a map")
+    for name, link in body.items():
+        check_entry_name(name)
+        if type(link) is not ObjectId:
+            raise InvalidObject(f"tree entry {name!r} is not a link (a {type(link).__name__})")
+    return body
+
+
+encoding.register_body_check(TREE, 1, check_tree_body)
 
 
 class ChunkedBlob(Record, frozen=True, kw_only=True):

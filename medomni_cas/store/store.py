@@ -123,6 +123,10 @@ class Store:
         """Store an object of any kind from its parts (no registered class needed)."""
         if kind == BLOB:
             raise InvalidObject("use put_blob for blobs")
+        if encoding.too_deep(body, encoding.MAX_DEPTH - 1):  # the envelope is a level
+            raise InvalidObject(
+                f"{kind} object nests maps and arrays deeper than {encoding.MAX_DEPTH} levels"
+            )
         return self._put_encoded(encoding.encode_object(kind, version, body))
 
     def put_raw(self, data: bytes, *, expected: ObjectId | None = None) -> ObjectId:
@@ -369,8 +373,11 @@ class Store:
             if j in corrupt:
                 raise IntegrityError(oid.hex(), blake3.blake3(data).hexdigest(), self.url)
             if j in errors:
-                encoding.links(data)  # raises its own error for what is wrong
-                raise errors[j]
+                try:
+                    encoding.links(data)  # raises its own error for what is wrong
+                except InvalidObject as e:
+                    raise InvalidObject(f"object {oid}: {e}") from None
+                raise InvalidObject(f"object {oid}: {errors[j]}")
             yield oid, data
             j += 1
         links += found

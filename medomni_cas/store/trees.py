@@ -32,7 +32,13 @@ from medomni_cas.errors import InvalidName, InvalidObject, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId, parse_id
-from medomni_cas.store.objects import CHUNKED, MAX_ENTRY_NAME, ChunkedBlob, check_entry_name
+from medomni_cas.store.objects import (
+    CHUNKED,
+    MAX_ENTRY_NAME,
+    ChunkedBlob,
+    check_entry_name,
+    check_tree_body,
+)
 
 if TYPE_CHECKING:
     from medomni_cas.store.store import Store
@@ -110,18 +116,12 @@ def _parse_tree(oid: ObjectId, data: bytes, where: str) -> dict[str, ObjectId]:
         raise InvalidObject(f"tree {oid} {_at(where)}: {e}") from None
     if (kind, version) != (TREE, 1):
         raise InvalidObject(f"object {oid} {_at(where)} is a {kind} v{version}, not a tree")
-    if not isinstance(body, dict):
-        raise InvalidObject(f"tree {oid} {_at(where)} is malformed: its body is not a map")
-    for name, link in body.items():
-        try:
-            check_entry_name(name)
-        except InvalidName as e:
-            raise InvalidName(f"tree {oid} {_at(where)}: {e}") from None
-        if type(link) is not ObjectId:
-            raise InvalidObject(
-                f"tree {oid}: entry {_join(where, name)!r} is not a link (a {type(link).__name__})"
-            )
-    return body
+    try:
+        return check_tree_body(body)  # what every way in checks (validate_canonical)
+    except InvalidName as e:
+        raise InvalidName(f"tree {oid} {_at(where)}: {e}") from None
+    except InvalidObject as e:
+        raise InvalidObject(f"tree {oid} {_at(where)}: {e}") from None
 
 
 def _parse_node(oid: ObjectId, data: bytes, where: str) -> Node:

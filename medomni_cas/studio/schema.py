@@ -9,7 +9,7 @@ struct checks its own values in ``problems()``; reading a file with its line num
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from pathlib import Path
+from pathlib import PurePosixPath
 
 from medomni_cas.studio.labels import Bins, Recipe
 from medomni_cas.studio.specfile import (
@@ -29,6 +29,7 @@ __all__ = [
     "NESTED",
     "RUNGS",
     "SELECTIONS",
+    "TASK_WORKSPACE",
     "Agent",
     "ArrayFamily",
     "Benchmark",
@@ -56,6 +57,7 @@ __all__ = [
     "Timeouts",
     "Version",
     "known_arms",
+    "submission_problem",
 ]
 
 METRICS = {
@@ -311,6 +313,24 @@ class Environment(Spec, frozen=True, kw_only=True):
             yield "internet", "atom tasks run with no network; internet must be false"
 
 
+#: The task's workspace: where an atom's files are staged and its answer is read back.
+TASK_WORKSPACE = PurePosixPath("/workspace")
+
+
+def submission_problem(path: str) -> str | None:
+    """What is wrong with a submission path, or None: it must name a file inside
+    `TASK_WORKSPACE` (``/workspace/answer.json``), with no ``..``, NUL or trailing ``/``."""
+    p = PurePosixPath(path)
+    want = f"a file inside {TASK_WORKSPACE}, like {TASK_WORKSPACE}/answer.json; got {path!r}"
+    if "\x00" in path or path.endswith("/") or ".." in p.parts or not p.is_absolute():
+        return want
+    try:
+        inside = p.relative_to(TASK_WORKSPACE)
+    except ValueError:
+        return want
+    return None if inside.parts else want
+
+
 class Agent(Spec, frozen=True, kw_only=True):
     """What an agent needs to run the task: the question, the instruction, the environment and
     where to write the answer.
@@ -320,7 +340,8 @@ class Agent(Spec, frozen=True, kw_only=True):
         instruction: The template's own paragraph, on the prediction time and what was removed.
         environment: CPUs, memory, timeouts, no internet.
         submission_path: The absolute path in the task where the agent writes its answer (one
-            JSON object, one prediction per target).
+            JSON object, one prediction per target): a file inside the task's workspace,
+            ``/workspace/…``, the only folder a run stages and reads back.
     """
 
     statement: str
@@ -331,9 +352,8 @@ class Agent(Spec, frozen=True, kw_only=True):
     def problems(self) -> Problems:
         if not self.statement.strip():
             yield "statement", "the clinical question must not be empty"
-        p = Path(self.submission_path)
-        if not p.is_absolute() or ".." in p.parts or self.submission_path.endswith("/"):
-            yield "submission_path", f"an absolute file path in the task; got {p}"
+        if (problem := submission_problem(self.submission_path)) is not None:
+            yield "submission_path", problem
 
 
 class Template(Spec, frozen=True, kw_only=True):

@@ -4,6 +4,13 @@ A file is parsed with PyYAML's node API (so each value keeps its line), converte
 msgspec into a `Spec` struct, then checked: types by msgspec, values by each struct's
 ``problems()``. An error is a `SpecError`:
 ``tasks/t/template.yaml:7: targets[0].metric: unknown metric 'f1' (known: accuracy, ...)``.
+
+Limits
+------
+Every YAML file a user writes is read by one loader (`read_yaml`, `load_yaml`), which
+refuses aliases (``*name``: a few lines of them expand to billions of values, the "billion
+laughs"; no file of ours needs one) and nesting deeper than `MAX_YAML_DEPTH`, each as a
+`SpecError` naming the file and line, before anything is expanded or converted.
 """
 
 from __future__ import annotations
@@ -32,10 +39,12 @@ __all__ = [
     "Version",
     "bad_name",
     "check_named",
+    "MAX_YAML_DEPTH",
     "convert",
     "load_with_doc",
     "load_yaml",
     "not_relative",
+    "read_yaml",
     "unique",
 ]
 
@@ -132,7 +141,7 @@ def bad_name(name: str) -> str | None:
 
 def not_relative(path: str) -> str | None:
     p = Path(path)
-    if p.is_absolute() or ".." in p.parts:
+    if not path or "\x00" in path or p.is_absolute() or ".." in p.parts:
         return f"{path!r} must be a path inside the folder (relative, no '..')"
     return None
 
@@ -238,6 +247,80 @@ def _prepare(
             _prepare(item, doc, [*path, i], data=data, above=above)
 
 
+#: Deepest nesting of mappings and lists in a file users write (ours nest under 8).
+MAX_YAML_DEPTH = 64
+
+
+class _Refused(yaml.composer.ComposerError):
+    """An alias or a nesting that `_Loader` refuses (the file is YAML, but not one we read)."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases and deep nesting as the nodes are composed
+    (before any is expanded): a `yaml.composer.ComposerError` at the offending line."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._open: list[str] = []  # anchors of the nodes being composed
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            what = "recursive YAML alias" if event.anchor in self._open else "YAML alias"
+            raise _Refused(
+                None,
+                None,
+                f"{what} *{event.anchor}: aliases are not allowed in this file "
+                "(write the value out)",
+                event.start_mark,
+            )
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise _Refused(
+                None,
+                None,
+                f"mappings and lists nest deeper than {MAX_YAML_DEPTH} levels",
+                event.start_mark,
+            )
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self._open.append(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            if anchor is not None:
+                self._open.pop()
+
+
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _flow_too_deep(path: Path, text: str) -> None:
+    """Refuse ``[`` and ``{`` nested deeper than `MAX_YAML_DEPTH` before PyYAML sees them:
+    its scanner reads a flow collection to its end before the composer gets one node, in
+    time that grows with the square of the nesting. Brackets inside quoted text count too
+    (a file would need dozens of unclosed ones in its text to be refused for them)."""
+    depth = 0
+    for m in _BRACKETS.finditer(text):
+        if m[0] in "[{":
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                line = text.count("\n", 0, m.start()) + 1
+                raise SpecError(
+                    path, line, "", f"mappings and lists nest deeper than {MAX_YAML_DEPTH} levels"
+                )
+        elif depth:
+            depth -= 1
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The data of a YAML file a user wrote, by the one loader (see Limits above); every
+    error is a `SpecError` naming the file (and line)."""
+    return _parse(Path(path))[0]
+
+
 def _parse(path: Path) -> tuple[Any, Doc]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -247,8 +330,10 @@ def _parse(path: Path) -> tuple[Any, Doc]:
         raise SpecError(path, None, "", "is a folder, not a file") from None
     except UnicodeDecodeError as e:
         raise SpecError(path, None, "", f"not UTF-8 text: {e}") from None
-    loader = yaml.SafeLoader(text)
+    _flow_too_deep(path, text)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)  # reads the text: refuses characters YAML does not allow
         root = loader.get_single_node()
         doc = Doc(path, root)
         if root is not None:
@@ -260,11 +345,17 @@ def _parse(path: Path) -> tuple[Any, Doc]:
         problem = " ".join(p for p in (e.context, e.problem) if p)
         if e.context_mark is not None and mark is not None and e.context_mark.line != mark.line:
             problem += f" (opened on line {e.context_mark.line + 1})"
-        raise SpecError(path, line, "", f"YAML syntax: {problem}") from None
+        syntax = "" if isinstance(e, _Refused) else "YAML syntax: "
+        raise SpecError(path, line, "", f"{syntax}{problem}") from None
+    except yaml.reader.ReaderError as e:  # NUL and other characters YAML does not allow
+        line = text.count("\n", 0, e.position) + 1
+        char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        raise SpecError(path, line, "", f"character {char} is not allowed in YAML") from None
     except yaml.YAMLError as e:
-        raise SpecError(path, None, "", f"YAML syntax: {e}") from None
+        raise SpecError(path, None, "", f"YAML syntax: {' '.join(str(e).split())}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, doc
 
 

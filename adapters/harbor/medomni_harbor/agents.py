@@ -28,6 +28,7 @@ import signal
 import sys
 import tempfile
 import threading
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -235,6 +236,10 @@ def _read_run_info(path: Path, context: AgentContext, metadata: dict[str, Any]) 
 
 
 # -- the perception relay -------------------------------------------------------------------
+# the gateway's own limit on a request body (medomni_cas.bench.perception.MAX_BODY)
+_MAX_BODY = 64 * 1024
+
+
 class _Relay:
     """``http://127.0.0.1:<port>`` on the host, each request replayed inside the container.
 
@@ -258,7 +263,12 @@ class _Relay:
                 return None
 
             def _relay(self) -> None:
-                size = int(self.headers.get("content-length") or 0)
+                declared = self.headers.get("content-length") or "0"
+                if not declared.isdigit() or int(declared) > _MAX_BODY:
+                    # refused unread: the body would be buffered, then put on a command line
+                    self.wfile.write(_error(413, f"request body over {_MAX_BODY} bytes"))
+                    return
+                size = int(declared)
                 body = self.rfile.read(size) if size else b""
                 raw = relay.forward(self.command, self.path, self.headers, body)
                 self.wfile.write(raw)
@@ -303,7 +313,7 @@ class _Relay:
 def _error(status: int, text: str) -> bytes:
     body = json.dumps({"error": text[:2000]}).encode()
     head = (
-        f"HTTP/1.0 {status} Bad Gateway\r\nContent-Type: application/json\r\n"
+        f"HTTP/1.0 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body

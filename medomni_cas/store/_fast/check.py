@@ -132,9 +132,12 @@ class BatchChecker:
                 return None
             if (kind, version) not in self._kinds:
                 return None
-            if encoding.encode_object(kind, version, body) != data:
+            if encoding.encode_object(kind, version, body) != data or encoding.too_deep(value):
                 return None
-        except (msgspec.DecodeError, InvalidObject):
+            # what its reader checks (a record's class); links are Ext here, which a body
+            # check that wants ids refuses: the full check then decides
+            encoding.check_kind(kind, version, data, body)
+        except (msgspec.DecodeError, InvalidObject, RecursionError):
             return None
         return list(dict.fromkeys(self._found))
 

@@ -10,6 +10,11 @@ its file is durable, so a crash leaves at most an orphan file that gc removes.
 Every object value starts with a 9-byte header: a flag (0 inline, 1 in a file) and the
 write time in ms, little-endian.
 
+Size. The map grows by doubling when full, without bound unless the URL sets one:
+``lmdb://PATH?max_size=BYTES`` (a quota). A write that would pass it, like one that meets a
+full disk, fails whole (`EnvironmentFailure`, after LMDB aborted its transaction), so the
+store keeps what it held.
+
 Sharing. Several processes may open one environment at once: LMDB serialises writers with
 its lock file; the map grows by doubling when full, and a process that finds the map
 grown by another adopts the new size. Within one process, every backend on a path shares
@@ -28,9 +33,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Literal, TypeVar, cast, overload
+from urllib.parse import parse_qs
 
 import lmdb
 
+from medomni_cas.errors import EnvironmentFailure
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._lmdbenv import acquire
@@ -61,11 +68,15 @@ class LMDBBackend(Backend):
         *,
         durable: bool = True,
         map_size: int = _INITIAL_MAP,
+        max_size: int | None = None,
         url: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.url = url or f"lmdb://{self.path}"
         self.durable = durable
+        self.max_size = max_size
+        if max_size is not None:
+            map_size = min(map_size, max_size)
         self._writer = FileWriter(durable=durable)
         self._large = self.path / "large"
         # shared with every other backend of this process on the same path (`_lmdbenv`)
@@ -80,10 +91,18 @@ class LMDBBackend(Backend):
     @classmethod
     def from_url(cls, url: str) -> LMDBBackend:
         # docstring inherited
-        path = url.removeprefix("lmdb://")
+        path, _, query = url.removeprefix("lmdb://").partition("?")
         if not path:
             raise ValueError("lmdb:// URL needs a path, e.g. lmdb://./.medomni/store")
-        return cls(path, url=url)
+        given = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        if set(given) - {"max_size"}:
+            raise ValueError(f"{url!r}: unknown option(s) {sorted(set(given) - {'max_size'})}")
+        max_size = None
+        if "max_size" in given:
+            if not given["max_size"].isdigit() or int(given["max_size"]) < 1 << 16:
+                raise ValueError(f"{url!r}: max_size must be a number of bytes, at least 65536")
+            max_size = int(given["max_size"])
+        return cls(path, url=url, max_size=max_size)
 
     @classmethod
     def open_at(cls, url: str, *, create: bool = True) -> LMDBBackend:
@@ -110,10 +129,17 @@ class LMDBBackend(Backend):
                     self.env.sync(True)
                 return result
             except lmdb.MapFullError:
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+                size = self.env.info()["map_size"]
+                if self.max_size is not None and size >= self.max_size:
+                    raise EnvironmentFailure(
+                        f"store {self.url} is full: its LMDB map reached max_size "
+                        f"({self.max_size} bytes) and the write was not made"
+                    ) from None
+                grown = size * 2 if self.max_size is None else min(size * 2, self.max_size)
+                self.env.set_mapsize(grown)
             except lmdb.MapResizedError:
                 self.env.set_mapsize(0)  # adopt the size another process grew the map to
-        raise RuntimeError(f"{self.url}: LMDB map could not be grown")
+        raise EnvironmentFailure(f"store {self.url}: its LMDB map could not be grown")
 
     @overload
     def _read(

@@ -82,6 +82,15 @@ def open_url(
             options.setdefault("endpoint_url", endpoint)
         # several processes share refs: a cached listing or ETag would be stale
         options.setdefault("use_listings_cache", False)
-        options.setdefault("config_kwargs", {"max_pool_connections": CONCURRENCY})
+        # botocore's standard retry mode (jittered backoff, 3 attempts) rather than its
+        # legacy one: an endpoint that cannot be reached fails in seconds, not a minute
+        options.setdefault(
+            "config_kwargs",
+            {
+                "max_pool_connections": CONCURRENCY,
+                "retries": {"max_attempts": 3, "mode": "standard"},
+                "connect_timeout": 10,
+            },
+        )
     fs, root = fsspec.url_to_fs(f"{protocol}://{rest}", **options)
     return fs, root, conditional
