@@ -9,6 +9,7 @@ served model, usage past the limits, a hang, 5xx and time-outs, a malformed body
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -99,8 +100,9 @@ def run(
             "--runs", str(tmp_path / "runs"), "--json", *NOP, *extra,
         ]
     )  # fmt: skip
-    out = capsys.readouterr().out
-    return code, (json.loads(out) if out.strip() else {})
+    captured = capsys.readouterr()
+    sys.stderr.write(captured.err)  # for the test to read, if it wants
+    return code, (json.loads(captured.out) if captured.out.strip() else {})
 
 
 def runs(url: str) -> list[RunRecord]:
