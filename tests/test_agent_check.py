@@ -115,3 +115,21 @@ def test_a_config_without_an_endpoint_sends_nothing(
 ) -> None:
     code, out = _check(ROOT / "examples/bench/agents/baseline.yaml", capsys)
     assert code == 0 and "no endpoint named" in out and "runner: process" in out
+
+
+@pytest.mark.parametrize("name", ["terminus-2-local", "terminus-2-cloud"])
+def test_the_terminus_2_configs_check_against_an_openai_compatible_endpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    pytest.importorskip("medomni_harbor")
+    config = ROOT / f"examples/bench/agents/{name}.yaml"
+    doc = yaml.safe_load(config.read_text())
+    served = doc["settings"]["served_model"]
+    with standin(Reply(content="OK", model=served)) as p:
+        monkeypatch.setenv("OPENAI_BASE_URL", p.base_url)
+        code, out = _check(config, capsys)
+        # LiteLLM's openai/ prefix is LiteLLM's: the server is asked for the name after it
+        assert p.bodies[0]["model"] == doc["model"].removeprefix("openai/")
+    assert code == 0, out
+    assert "runner: harbor (for scaffold 'terminus-2')" in out
+    assert f"served model '{served}'" in out

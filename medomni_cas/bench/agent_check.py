@@ -28,7 +28,7 @@ from medomni_cas.bench.records import AgentConfig
 from medomni_cas.bench.routes import Endpoint, check_endpoint, endpoint_url
 from medomni_cas.bench.secrets import redactor, secret_names
 
-__all__ = ["AgentCheck", "FieldRow", "check_agent", "PROMPT"]
+__all__ = ["PROMPT", "AgentCheck", "FieldRow", "check_agent", "wire_model"]
 
 PROMPT = "Reply with the single word OK."
 
@@ -124,10 +124,25 @@ def _api_key(agent: AgentConfig, environ: Mapping[str, str]) -> str:
     return ""
 
 
+#: LiteLLM's provider prefixes for OpenAI-compatible servers: a scaffold that calls through
+#: LiteLLM (terminus-2) names ``openai/<model>``, and the server sees ``<model>``.
+_LITELLM_PREFIXES = ("openai/", "hosted_vllm/", "ollama_chat/", "ollama/", "litellm_proxy/")
+
+
+def wire_model(agent: AgentConfig) -> str:
+    """The model name the endpoint is asked for: the config's ``model``, without a LiteLLM
+    provider prefix when a scaffold other than the process runner's calls through LiteLLM."""
+    if agent.scaffold not in ("process", "baseline", "command"):
+        for prefix in _LITELLM_PREFIXES:
+            if agent.model.startswith(prefix):
+                return agent.model.removeprefix(prefix)
+    return agent.model
+
+
 def _ask(check: AgentCheck, url: str, key: str, timeout: float) -> None:
     agent = check.config
     body = {
-        "model": agent.model,
+        "model": wire_model(agent),
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": 8,
         "temperature": 0,
