@@ -7,12 +7,15 @@ import json
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 import medomni_cas as mc
 from medomni_cas.bench.agents import load_agent
-from medomni_cas.bench.runners import Trial
+from medomni_cas.bench.harness import run_set
+from medomni_cas.bench.process import now_iso
+from medomni_cas.bench.runners import Job, Runner, Trial
 from medomni_cas.bench.secrets import Redactor, redactor, secret_names
 from medomni_cas.cli.main import main
 from medomni_cas.store.ids import ObjectId
@@ -144,3 +147,40 @@ def test_a_folder_is_redacted_in_place(tmp_path: Path) -> None:
     r = Redactor((("K", b"sk-live-999999"),))
     assert r.folder(tmp_path) == 1
     assert (tmp_path / "a/log.txt").read_bytes() == b"key=[redacted:K] ok"
+
+
+class _KeepsLogs(Runner):
+    """A third-party runner that keeps files of its own in the run folder, as Harbor's does."""
+
+    name: ClassVar[str] = "keeps-logs"
+
+    def run(self, job: Job) -> Iterator[Trial]:
+        for spec in job.trials:
+            own = job.folder / "own" / spec.slot.hex()[:12]
+            own.mkdir(parents=True)
+            (own / "agent.log").write_text(f"calling with {KEY}\nAuthorization: Bearer {TOKEN}\n")
+            yield Trial(
+                slot=spec.slot, attempt=spec.attempt, outcome="answered", started=now_iso(),
+                finished=now_iso(), elapsed_ms=1, answer=ANSWER.encode(), served_model="m",
+            )  # fmt: skip
+
+
+def test_files_a_runner_keeps_in_the_run_folder_are_redacted(
+    tree: Path, tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # never asked
+    agent = load_agent(llm_config(tree, tmp_path, served_model="m"))
+    with mc.open(url) as s:
+        report = run_set(
+            s, SET, agent, runs_dir=tmp_path / "runs", studio=tree / "studio",
+            bench=tree / "bench", runner=_KeepsLogs(),
+        )  # fmt: skip
+    (job,) = report.jobs
+    logs = sorted((job.folder / "own").rglob("agent.log"))
+    assert len(logs) == 3
+    assert logs[0].read_text() == (
+        "calling with [redacted:OPENAI_API_KEY]\nAuthorization: Bearer [redacted]\n"
+    )
+    every = [p.read_bytes() for p in _files(tmp_path)]
+    assert not [d for d in every if KEY.encode() in d or TOKEN.encode() in d]
