@@ -261,7 +261,13 @@ def test_a_named_variable_that_is_not_set_fails_the_check(
 ) -> None:
     code, report = run(tree, tmp_path, url, llm_config(tree, tmp_path), capsys)
     assert code == 1
-    assert any(
+    # the route check, before the runner's, finds the endpoint's variable not set
+    assert report["error"]["problems"] == [
+        "route: agent config llm: settings.endpoint_env names OPENAI_BASE_URL, which is not set"
+    ]
+    # a variable only passed to the agent is the runner's check
+    code, report = run(tree, tmp_path, url, llm_config(tree, tmp_path, endpoint_env=""), capsys)
+    assert code == 1 and any(
         "settings.env names OPENAI_BASE_URL, which is not set" in p
         for p in report["error"]["problems"]
     )
