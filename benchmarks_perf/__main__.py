@@ -12,6 +12,7 @@ SUITES = {
     "remote": "benchmarks_perf.remote",
     "bench": "benchmarks_perf.bench",
     "harbor": "benchmarks_perf.harbor",
+    "llm": "benchmarks_perf.llm",
 }
 
 

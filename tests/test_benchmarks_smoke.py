@@ -40,3 +40,9 @@ def test_remote_benchmark_quick_prints_a_table() -> None:
     rows = quick_rows("remote")
     for name in ("lmdb -> s3", "s3 -> lmdb", "push with nothing new: requests", "MiB blob"):
         assert any(name in row for row in rows), f"no row for {name!r}"
+
+
+def test_llm_benchmark_quick_prints_a_table() -> None:
+    rows = quick_rows("llm", timeout=600)
+    for name in ("stand-in response time", "our part per trial", "redaction per trial"):
+        assert any(name in row for row in rows), f"no row for {name!r}"

@@ -10,7 +10,9 @@
       scaffold: baseline        # what drives the model; a runner must know it
       served_model: none        # what the provider must report back; else the run is an error
       limits: {time_sec: 600, tokens: 100000, cost_usd: 1.0}
-      env: [OPENAI_API_KEY]     # variables passed from your environment (no others are)
+      env: [OPENAI_BASE_URL, OPENAI_API_KEY]   # variables passed from your environment
+      endpoint_env: OPENAI_BASE_URL   # the variable holding the model endpoint's URL
+      secrets: [OPENAI_API_KEY] # variables whose values are redacted from everything stored
       command: [python, -m, medomni_cas.bench.baseline]   # scaffold options, passed through
 
 Errors name the file, line and field, as Studio's files do.
@@ -75,17 +77,30 @@ class Settings(Spec, frozen=True, kw_only=True, forbid_unknown_fields=False):
         env: Names of environment variables the agent gets from the harness's environment
             (an API key, say); the agent gets no other variable of it. A name that is not
             set when the set runs fails the check.
+        endpoint_env: The environment variable holding the model endpoint's URL (such as
+            ``OPENAI_BASE_URL``); the URL is never written in the file. Before anything runs,
+            a ``local`` route's endpoint must resolve to this machine or a private network.
+        secrets: Environment variables holding secrets (API keys, tokens); their values are
+            redacted from the logs, errors and answers of every run before they are stored.
+            A variable of ``env`` whose name says KEY, TOKEN, SECRET or PASSWORD is one too.
     """
 
     scaffold: str
     served_model: str
     limits: LimitsSpec = LimitsSpec()
     env: tuple[str, ...] = ()
+    endpoint_env: str = ""
+    secrets: tuple[str, ...] = ()
 
     def problems(self) -> Problems:
         for i, name in enumerate(self.env):
             if not _ENV_NAME.fullmatch(name):
                 yield f"env[{i}]", f"not an environment variable name: {name!r}"
+        for i, name in enumerate(self.secrets):
+            if not _ENV_NAME.fullmatch(name):
+                yield f"secrets[{i}]", f"not an environment variable name: {name!r}"
+        if self.endpoint_env and not _ENV_NAME.fullmatch(self.endpoint_env):
+            yield "endpoint_env", f"not an environment variable name: {self.endpoint_env!r}"
 
 
 class AgentFile(Spec, frozen=True, kw_only=True):

@@ -10,9 +10,13 @@ environment::
     MEDOMNI_INSTRUCTION     instruction.md in it
     MEDOMNI_SUBMISSION      where to write the answer
     MEDOMNI_PERCEPTION_URL  the gateway, with this trial's token (only on arms that attach it)
+    MEDOMNI_MODEL           the agent config's ``model``: the model to ask for
     MEDOMNI_RUN_INFO        where the agent may write what its provider reported, as JSON:
                             {"served_model", "tokens_in", "tokens_out", "cost_usd"}; without
-                            it the run records the config's served model and no usage
+                            it the run records the config's served model and no usage. An
+                            ``"infra_error": "<why>"`` in it says the model endpoint failed
+                            (a 5xx, a time-out): the run is an infrastructure error, run
+                            again on resume
 
 Isolation
 ---------
@@ -266,6 +270,7 @@ class _Run:
             "MEDOMNI_INSTRUCTION": str(self.work / "instruction.md"),
             "MEDOMNI_SUBMISSION": str(answer_path),
             "MEDOMNI_RUN_INFO": str(self.run_info),
+            "MEDOMNI_MODEL": job.agent.model,
         }
         gateway, token = None, ""
         if tokens is not None:
@@ -299,7 +304,7 @@ class _Run:
             isolation=self.isolation,
         )
         _read_run_info(self.run_info, trial)
-        if outcome == "infra-error":
+        if trial.outcome == "infra-error":
             return trial
         if answer_path.is_file():
             trial.answer = answer_path.read_bytes()
@@ -433,6 +438,11 @@ def _read_run_info(path: Path, trial: Trial) -> None:
         for key in ("tokens_in", "tokens_out"):
             if info.get(key) is not None:
                 setattr(trial, key, int(info[key]))
+        why = info.get("infra_error")
+        if why and trial.outcome in ("answered", "agent-failed"):
+            # the agent says its model endpoint failed: not its own outcome, so run again
+            trial.outcome = "infra-error"
+            trial.errors.insert(0, f"model endpoint: {why}")
         if info.get("cost_usd") is not None:
             cost = float(info["cost_usd"])
             if cost != cost or cost in (float("inf"), float("-inf")) or cost < 0:

@@ -32,6 +32,7 @@ from medomni_cas.bench.records import (
 )
 from medomni_cas.bench.refnames import job_ref, slot_ref
 from medomni_cas.bench.runners import Job, Trial, TrialSpec
+from medomni_cas.bench.secrets import redactor
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.studio.records import SCORES_KEY
@@ -136,7 +137,9 @@ def record_trial(
     previous: ObjectId | None,
 ) -> tuple[ObjectId, RunRecord]:
     """Record ``trial``, the run of ``spec``'s slot after run ``previous`` (None for its
-    first), and move the slot's ref to it; the run's id and record."""
+    first), and move the slot's ref to it; the run's id and record. The agent config's
+    secrets are redacted from the trial first (`medomni_cas.bench.secrets`), in place."""
+    redactor(job.agent).trial(trial)
     outcome, values, errors = judge_answer(spec, trial, job.agent)
     answer_id = store.put_blob(trial.answer) if trial.answer is not None else None
     run_id = f"{spec.slot.hex()}-{trial.attempt}"

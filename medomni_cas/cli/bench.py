@@ -207,6 +207,50 @@ def cmd_import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_agent_check(args: argparse.Namespace) -> int:
+    """Load an agent config, list its fields, resolve its route, send one tiny request."""
+    from medomni_cas.bench.agent_check import check_agent
+
+    agent = porcelain.agent_config(args.config, folders=workspace_folders(), bench=args.bench)
+    check = check_agent(agent, timeout=args.timeout)
+    width = max(len(f.name) for f in check.fields)
+    lines = [f"agent config {agent.name}"]
+    for f in check.fields:
+        lines.append(f"  {f.name:<{width}}  {f.value}")
+        lines.append(f"  {'':<{width}}    {f.meaning}")
+    ep = check.endpoint
+    if ep is not None and ep.url:
+        where = ", ".join(ep.addresses) or "unresolved"
+        verdict = "local" if ep.local else "not local"
+        lines.append(f"endpoint host {ep.host or '-'}: {where} ({verdict}; route {agent.route})")
+    if check.latency_ms is not None and check.served_model:
+        lines.append(
+            f"served model {check.served_model!r} (config: {agent.served_model!r}), "
+            f"latency {check.latency_ms:.0f} ms, tokens {check.tokens_in} in / "
+            f"{check.tokens_out} out"
+            + (f", ${check.cost_usd:g}" if check.cost_usd is not None else "")
+        )
+    lines += [f"note: {n}" for n in check.notices]
+    lines += [f"PROBLEM: {p}" for p in check.problems]
+    lines.append("ok" if check.ok else f"{len(check.problems)} problem(s): exit 1")
+    data = {
+        "agent": agent.name,
+        "fields": [vars(f) for f in check.fields],
+        "endpoint": None if ep is None else {**vars(ep), "local": ep.local},
+        "served_model": check.served_model,
+        "latency_ms": check.latency_ms,
+        "tokens_in": check.tokens_in,
+        "tokens_out": check.tokens_out,
+        "cost_usd": check.cost_usd,
+        "reply": check.reply,
+        "notices": check.notices,
+        "problems": check.problems,
+        "ok": check.ok,
+    }
+    emit(args, to_builtins(data), lines)
+    return EXIT_OK if check.ok else EXIT_PROBLEM
+
+
 def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench`` and its verbs to the top-level subcommands."""
     p = groups.add_parser(
@@ -305,3 +349,18 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     i = add_command(verbs, "import", cmd_import, "read a run folder into the store")
     i.add_argument("folder", metavar="FOLDER")
+
+    a = verbs.add_parser("agent", help="test an agent config", parents=[common_options()])
+    a.set_defaults(handler=None, parser=a)
+    agent_verbs = a.add_subparsers(title="verbs", metavar="VERB")
+    c = add_command(
+        agent_verbs,
+        "check",
+        cmd_agent_check,
+        "list an agent config's fields, resolve its route, send one tiny request to its "
+        "endpoint and print the served model, latency and tokens (exit 1 when anything "
+        "does not match)",
+    )
+    c.add_argument("config", metavar="CONFIG", help="a name under bench/agents/ or a YAML file")
+    c.add_argument("--bench", metavar="DIR", help="bench folder (default: the workspace's)")
+    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="for the request")

@@ -64,7 +64,7 @@ from medomni_harbor import _docker, images
 from medomni_harbor.environment import PERCEPTION_DIR
 from medomni_harbor.render import ANSWER_ARTIFACT, render_task, task_name
 
-__all__ = ["HarborRunner", "trial_from_result"]
+__all__ = ["HarborRunner", "reported_models", "trial_from_result"]
 
 OURS = "medomni_harbor.environment:MedomniDockerEnvironment"
 _LOG_LIMIT = 1 << 20
@@ -648,6 +648,25 @@ def _logs(trial_dir: Path) -> dict[str, bytes]:
     return out
 
 
+def reported_models(trial_dir: Path) -> list[str]:
+    """The model the provider reported for each of the agent's turns, in order, from the
+    trajectories Harbor's agents write (ATIF: ``agent/trajectory*.json``; terminus-2 takes
+    each step's ``model_name`` from LiteLLM's response, which is the provider's)."""
+    names: list[str] = []
+    for path in sorted((trial_dir / "agent").glob("trajectory*.json")):
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        steps = doc.get("steps") if isinstance(doc, dict) else None
+        for step in steps if isinstance(steps, list) else ():
+            if isinstance(step, dict) and step.get("source") == "agent":
+                name = step.get("model_name")
+                if isinstance(name, str) and name:
+                    names.append(name)
+    return names
+
+
 def trial_from_result(job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
     """One Harbor trial folder (its ``result.json`` and files) as the harness's `Trial`."""
     from harbor.models.trial.result import TrialResult
@@ -660,6 +679,8 @@ def trial_from_result(job: Job, spec: TrialSpec, trial_dir: Path) -> Trial:
     meta = (ctx.metadata if ctx is not None else None) or {}
     errors += [str(e) for e in meta.get("errors", [])]
     served = meta.get("served_model")
+    if served is None and (reported := list(dict.fromkeys(reported_models(trial_dir)))):
+        served = ", ".join(reported)  # several: matches no config's, so the run is an error
     if served is None and result.agent_info.model_info is not None:
         mi = result.agent_info.model_info
         served = f"{mi.provider}/{mi.name}" if mi.provider else mi.name

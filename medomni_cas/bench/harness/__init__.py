@@ -11,7 +11,9 @@
    one store never run it twice, and the slots of a harness that died are taken over once
    its lease lapses.
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
-   then writes the run folder as a view, and the call's `JobReport` in it (``report.json``).
+   then writes the run folder as a view, and the call's `JobReport` in it (``report.json``);
+   files a runner kept there have the agent config's secrets redacted
+   (`medomni_cas.bench.secrets`).
 
 SIGINT and SIGTERM stop it (`harness.interrupts`): it ends the trial in flight, starts no
 other, releases its claims, records the job with the runs that finished, and raises
@@ -58,6 +60,7 @@ from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, job_name_ref, job_r
 from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.bench.scratch import SCRATCH_FOLDER
+from medomni_cas.bench.secrets import redactor
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.files import atomic_write
@@ -597,6 +600,10 @@ def _run_job(
     if runs:
         write_run_folder(store, jid, job.folder)
     if job.folder.is_dir():
+        # what a runner keeps there of its own (Harbor's trial folders) holds no secret either
+        redact = redactor(job.agent)
+        if redact.values:
+            redact.folder(job.folder)
         atomic_write(job.folder / "report.json", report_json(report), durable=False)
     if halted is not None:
         halted.job = report

@@ -5,7 +5,8 @@
 * Stand-in agents on each task: a null answer must fail the format check; the oracle's answer
   (the answer key's values, given from outside the task) must pass it and score perfectly.
 * Routes: the agent's route against each dataset's policy (deny refuses; conditional needs
-  ``accept_conditions``).
+  ``accept_conditions``), and a local route's endpoint must resolve to this machine or a
+  private network.
 * The card: the agent's intelligence kind must be one the benchmark's card accepts.
 * The runs folder keeps POSIX permissions.
 
@@ -18,6 +19,7 @@ import os
 from pathlib import Path
 
 from medomni_cas.bench.records import AgentConfig
+from medomni_cas.bench.routes import check_endpoint
 from medomni_cas.errors import MedomniError
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -137,7 +139,9 @@ def check_routes(
     problems: list[str],
     notices: list[str],
 ) -> None:
-    """The agent's route against the policy of each dataset the entries read."""
+    """The agent's route against the policy of each dataset the entries read, and a local
+    route's endpoint against where it resolves to (`medomni_cas.bench.routes`)."""
+    check_endpoint(agent, problems)
     datasets = sorted({store.get(e.config, BuildConfig).dataset for e in entries})
     for ds_name in datasets:
         folder = studio / "datasets" / ds_name if studio is not None else None
