@@ -1,12 +1,22 @@
 """Push, pull and clone: copy refs, and the objects they reach, between any two stores.
 
-Only what the other side lacks travels. The walk starts at the roots, asks the destination
-which ids of a whole frontier it is missing (one `Backend.missing` call per level of the
-DAG, which a remote answers from its pack index and one listing, in the manner of Bazel's
-FindMissingBlobs) and descends only into missing objects: an object the destination has
-comes with its closure, because sync writes an object only once every object it links to
-is durably there (children in an earlier batch than their parents). So an interrupted
-push or pull resumes by running it again: the walk stops where the last run got to.
+Only what the other side lacks travels. The walk starts at the roots and asks the
+destination which ids of a whole frontier it is missing (one `Backend.missing` call per
+level of the DAG, which a remote answers from its pack index and one listing, in the
+manner of Bazel's FindMissingBlobs). Sync writes an object only once every object it links
+to is durably there (children in an earlier batch than their parents), so a killed push or
+pull leaves no object without its closure, and running it again finishes it.
+
+Presence is not trusted. A store damaged by another writer (an import killed before this
+rule held for it, a copy made around the store) has objects whose children are missing,
+and a walk that stopped at every object the destination has would never mend them. So
+the walk goes on below an object the destination has, reading its links on the cheap side
+(`Present`): a push reads them from the source (local), a pull reads the destination's
+own copy and re-hashes it, and sends again a copy that is corrupt (the backend's put
+replaces it). It stops only at the destination's current values of the refs it moves:
+a ref is set only once its closure is stored, so the closure of the old value of a ref is
+not read again when the new value links it (the common case: a new version of a set).
+The cost is one local read of what the new values reach beyond the old ones.
 
 Every object read from the source is verified before it is written: its bytes must hash
 to its id (else `IntegrityError`, naming the id and the source, and nothing of the
@@ -38,6 +48,7 @@ Limit: the walk costs one presence round trip per level of the DAG, so a long ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import compress
 from typing import Literal, NamedTuple, cast
 
 import blake3
@@ -45,12 +56,14 @@ import msgspec
 
 from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
+from medomni_cas.store._crash import crash_point
 from medomni_cas.store._fast import BatchReader, mismatches
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
 
 __all__ = [
+    "Present",
     "READ_BYTES",
     "WRITE_BYTES",
     "WRITE_ITEMS",
@@ -141,16 +154,39 @@ def _hex(oid: bytes | None) -> str | None:
 
 
 # -- objects ---------------------------------------------------------------------------------
-class _Sender:
-    """One transfer of closures from ``src`` to ``dst`` (see the module docstring)."""
+#: How a transfer treats an object the destination already has: "trust" stops the walk
+#: there; "src" reads its links from the source (the cheap side of a push) and walks on;
+#: "dst" reads the destination's copy (the cheap side of a pull), re-hashed, and walks on;
+#: a copy that is corrupt or gone is sent again, and the backend's put replaces it.
+Present = Literal["trust", "src", "dst"]
 
-    def __init__(self, src: Store, dst: Store, progress: Callback | None) -> None:
+
+class _Sender:
+    """One transfer of closures from ``src`` to ``dst`` (see the module docstring).
+
+    Every object met is *unresolved* until the destination is known to hold its whole
+    closure: an object it lacks, once written; one it has, once everything it links is
+    resolved. An object is written only when all it links is resolved (held until then),
+    in a later batch than its children, so a transfer killed after any batch leaves only
+    objects whose closure is stored.
+    """
+
+    def __init__(
+        self,
+        src: Store,
+        dst: Store,
+        progress: Callback | None,
+        present: Present,
+        trusted: Iterable[bytes],
+    ) -> None:
         self.src, self.dst = src, dst
         self.progress = progress
-        self.pending: set[bytes] = set()  # missing at dst and not written yet
-        self.parents: dict[bytes, list[bytes]] = {}  # pending id -> objects waiting on it
-        self.waiting: dict[bytes, int] = {}  # id -> how many of its children are pending
-        self.held: dict[bytes, bytes] = {}  # the bytes of each waiting id
+        self.present = present
+        self.trusted = set(trusted)
+        self.unresolved: set[bytes] = set()
+        self.parents: dict[bytes, list[bytes]] = {}  # unresolved id -> objects waiting on it
+        self.waiting: dict[bytes, int] = {}  # id -> how many of its links are unresolved
+        self.held: dict[bytes, bytes] = {}  # the bytes of each waiting id dst lacks
         self.buffer: list[tuple[bytes, bytes]] = []
         self.buffer_bytes = 0
         self.read_batch = _FIRST_READ
@@ -158,55 +194,130 @@ class _Sender:
         self.reader = BatchReader()
 
     def run(self, roots: Iterable[bytes]) -> None:
-        roots = list(dict.fromkeys(roots))
-        if not roots:
-            return
-        seen: set[bytes] = set(roots)
-        frontier = self._missing(roots)
+        frontier = list(dict.fromkeys(roots))
+        seen: set[bytes] = set(frontier)
+        self.unresolved.update(frontier)
         while frontier:
+            absent = set(self._missing(frontier))
+            trusted = self.trusted
+            if self.present == "trust" or not trusted.isdisjoint(frontier):
+                taken = [
+                    k
+                    for k in frontier
+                    if k not in absent and (self.present == "trust" or k in trusted)
+                ]
+                for key in taken:
+                    self._resolved(key)
+                frontier = [k for k in frontier if k in absent or k not in set(taken)]
             candidates: list[bytes] = []
-            interior: list[tuple[bytes, bytes, list[bytes]]] = []
-            i = 0
-            while i < len(frontier):
-                part = frontier[i : i + self.read_batch]
-                i += len(part)
-                size = 0
-                for key, data, links in self._read(part):
-                    size += len(data)
-                    if not links:
-                        self._ready(key, data)
-                        continue
-                    for link in links:
-                        if link not in seen:
-                            seen.add(link)
-                            candidates.append(link)
-                    interior.append((key, data, links))
-                mean = max(size // len(part), 1)
-                self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
-            frontier = self._missing(candidates) if candidates else []
-            for key, data, links in interior:
-                n = 0
+            for key, data, links, lacking in self._level(frontier, absent):
                 for link in links:
-                    if link in self.pending:
-                        self.parents.setdefault(link, []).append(key)
-                        n += 1
-                if n:
-                    self.waiting[key] = n
-                    self.held[key] = data
-                else:
-                    self._ready(key, data)
+                    if link not in seen:
+                        seen.add(link)
+                        candidates.append(link)
+                        self.unresolved.add(link)
+                self._met(key, data, links, lacking)
+            frontier = candidates
         while self.buffer:
             self._flush()
-        if self.waiting:  # cannot happen: every pending child is read and written
+        if self.waiting:  # cannot happen: every object met is read, and resolved
             left = next(iter(self.waiting))
             raise RuntimeError(f"sync to {self.dst.url}: {left.hex()} still waits on children")
+
+    def _level(
+        self, frontier: list[bytes], absent: set[bytes]
+    ) -> Iterator[tuple[bytes, bytes, list[bytes], bool]]:
+        """``(key, bytes, links, dst lacks it)`` of each key of a level: read from the
+        source, except what dst has when ``present`` is "dst" (read there, verified)."""
+        from_src = frontier
+        if self.present == "dst":
+            have = [k for k in frontier if k not in absent]
+            from_src = [k for k in frontier if k in absent]
+            again: list[bytes] = []
+            for i in range(0, len(have), _MAX_READ):
+                part = have[i : i + _MAX_READ]
+                for key, data, links in self._read_dst(part):
+                    if data is None:
+                        again.append(key)  # corrupt or gone at dst: sent again
+                    else:
+                        yield key, data, links, False
+            absent.update(again)
+            from_src = from_src + again
+        i = 0
+        while i < len(from_src):
+            part = from_src[i : i + self.read_batch]
+            i += len(part)
+            size = 0
+            for key, data, links in self._read(part):
+                size += len(data)
+                yield key, data, links, key in absent
+            mean = max(size // len(part), 1)
+            self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
+
+    def _met(self, key: bytes, data: bytes, links: list[bytes], lacking: bool) -> None:
+        n = 0
+        for link in links:
+            if link in self.unresolved:
+                self.parents.setdefault(link, []).append(key)
+                n += 1
+        if n:
+            self.waiting[key] = n
+            if lacking:
+                self.held[key] = data
+        elif lacking:
+            self._ready(key, data)
+        else:
+            self._resolved(key)
+
+    def _resolved(self, key: bytes) -> None:
+        """``key``'s closure is stored at dst: the objects waiting only on it go on."""
+        todo = [key]
+        while todo:
+            done = todo.pop()
+            self.unresolved.discard(done)
+            for parent in self.parents.pop(done, ()):
+                left = self.waiting[parent] - 1
+                if left:
+                    self.waiting[parent] = left
+                    continue
+                del self.waiting[parent]
+                if parent in self.held:
+                    data = self.held.pop(parent)
+                    self.buffer.append((parent, data))  # written in the next batch
+                    self.buffer_bytes += len(data)
+                else:
+                    todo.append(parent)  # dst has it, and now all it links
 
     def _missing(self, keys: list[bytes]) -> list[bytes]:
         missing = self.dst.backend.missing(keys)
         self.checked += len(keys)
-        self.pending.update(missing)
         self._tick()
         return missing
+
+    def _read_dst(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
+        """``(key, bytes, links)`` of dst's copies, re-hashed; bytes None where the copy is
+        corrupt or gone (the caller sends it again)."""
+        got = self.dst.backend.get_list(keys)
+        here = [data is not None for data in got]  # not truthiness: b"" is an object
+        if not all(here):
+            for key, ok in zip(keys, here, strict=True):
+                if not ok:
+                    yield key, None, []
+            keys = list(compress(keys, here))
+            got = list(compress(got, here))
+        datas = cast("list[bytes]", got)  # the None left out above
+        corrupt = set(mismatches(keys, datas))
+        ids, owners, errors = self.reader.links(datas, ordered=True)
+        links: list[list[bytes]] = [[] for _ in keys]
+        for link, owner in zip(ids, owners, strict=True):
+            links[owner].append(link)
+        for j, (key, data) in enumerate(zip(keys, datas, strict=True)):
+            if j in corrupt:
+                yield key, None, []
+            elif j in errors:
+                raise InvalidObject(f"object {bytes(key).hex()} in {self.dst.url}: {errors[j]}")
+            else:
+                yield key, data, list(dict.fromkeys(links[j]))
 
     def _read(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes, list[bytes]]]:
         """``(key, bytes, links)`` of each key, checked (hashed, canonical): a batch at a time
@@ -252,19 +363,11 @@ class _Sender:
         if not batch:
             return
         self.dst.backend.put_many(batch)
+        crash_point("write")
         self.sent += len(batch)
         for key, data in batch:
             self.nbytes += len(data)
-            self.pending.discard(key)
-            for parent in self.parents.pop(key, ()):
-                left = self.waiting[parent] - 1
-                if left:
-                    self.waiting[parent] = left
-                else:
-                    del self.waiting[parent]
-                    data_p = self.held.pop(parent)
-                    self.buffer.append((parent, data_p))
-                    self.buffer_bytes += len(data_p)
+            self._resolved(key)
         self._tick()
 
     def _tick(self) -> None:
@@ -273,13 +376,22 @@ class _Sender:
 
 
 def send(
-    src: Store, dst: Store, roots: Iterable[ObjectId | bytes], *, progress: Callback | None = None
+    src: Store,
+    dst: Store,
+    roots: Iterable[ObjectId | bytes],
+    *,
+    progress: Callback | None = None,
+    present: Present = "src",
+    trusted: Iterable[bytes] = (),
 ) -> SyncReport:
     """Copy the closures of ``roots`` from ``src`` to ``dst``, only what ``dst`` lacks.
 
-    No ref changes. A missing object in ``src`` raises `NotFound`; a corrupt one
+    ``present`` says how far an object ``dst`` has is trusted (`Present`): by default its
+    closure is checked there too, except for the ``trusted`` ids (the values of ``dst``'s
+    refs: a ref is set only once its closure is stored), where the walk stops. No ref
+    changes. A missing object in ``src`` raises `NotFound`; a corrupt one
     `IntegrityError`. Returns a report with no refs."""
-    sender = _Sender(src, dst, progress)
+    sender = _Sender(src, dst, progress, present, trusted)
     sender.run(bytes(r) for r in roots)
     return SyncReport(
         src=src.url, dst=dst.url, objects=sender.sent, bytes=sender.nbytes, checked=sender.checked
@@ -360,7 +472,14 @@ def transfer(
 
     if local == "src":
         todo = [n for n in todo if not rejected(n)]
-    sent = send(src, dst, [src_refs[n] for n in todo], progress=progress)
+    sent = send(
+        src,
+        dst,
+        [src_refs[n] for n in todo],
+        progress=progress,
+        present=local,
+        trusted=[v for v in before.values() if v is not None],
+    )
     if local == "dst":
         todo = [n for n in todo if not rejected(n)]
     for name in todo:
