@@ -1,7 +1,8 @@
 """`Store`: objects, links and refs on top of any `Backend`.
 
 Every read is verified: the bytes are re-hashed and must match the id they were asked for.
-Writes are put-if-absent; there is no way to overwrite an id.
+Writes are put-if-absent; the only copy ever written over is a corrupt one, by a put of the
+bytes that hash to its id (see `Backend.put_many`).
 """
 
 from __future__ import annotations
