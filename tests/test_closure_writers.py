@@ -242,3 +242,32 @@ def test_pull_and_push_fill_a_store_damaged_by_an_older_writer(
     assert report.objects == lost
     fsck_ok(dst)
     assert unclosed(dst) == []
+
+
+# -- the other writers ---------------------------------------------------------------------------
+_PUT_RAW = """
+import sys
+import medomni_cas as mc
+from medomni_cas.store import encoding
+with mc.open(sys.argv[1]) as src, mc.open(sys.argv[2]) as dst:
+    root = src.refs["data/main"]
+    items = [(oid, data) for oid, data in src.walk([root])]  # parents first
+    dst.put_raw_many(items)
+"""
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_put_raw_many_killed_keeps_closure(
+    source: tuple[str, Path, ObjectId, int], tmp_path: Path, at: int
+) -> None:
+    """`Store.put_raw_many` (bench import's writer, and anyone copying objects) takes
+    items in any order: given parents first, it still writes children first."""
+    dst = f"file://{tmp_path}/dst"
+    proc = subprocess.run(
+        [sys.executable, "-c", _PUT_RAW, source[0], dst],
+        env={**os.environ, CRASH_ENV: f"write:{at}"},
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert unclosed(dst) == []

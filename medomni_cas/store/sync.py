@@ -47,7 +47,8 @@ Limit: the walk costs one presence round trip per level of the DAG, so a long ch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from itertools import compress
 from typing import Literal, NamedTuple, cast
 
@@ -57,7 +58,7 @@ import msgspec
 from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store._crash import crash_point
-from medomni_cas.store._fast import BatchReader, mismatches
+from medomni_cas.store._fast import BatchReader, mismatches, unseen
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
@@ -164,11 +165,10 @@ Present = Literal["trust", "src", "dst"]
 class _Sender:
     """One transfer of closures from ``src`` to ``dst`` (see the module docstring).
 
-    Every object met is *unresolved* until the destination is known to hold its whole
-    closure: an object it lacks, once written; one it has, once everything it links is
-    resolved. An object is written only when all it links is resolved (held until then),
-    in a later batch than its children, so a transfer killed after any batch leaves only
-    objects whose closure is stored.
+    An object dst lacks is written once every object it links is there: held until its
+    children that dst lacked are written (in an earlier batch). An object dst has is not
+    written, and not waited on, but its links are walked too, which finds what is missing
+    below it (a hole left by another writer) and, read at dst, a corrupt copy of it.
     """
 
     def __init__(
@@ -183,10 +183,10 @@ class _Sender:
         self.progress = progress
         self.present = present
         self.trusted = set(trusted)
-        self.unresolved: set[bytes] = set()
-        self.parents: dict[bytes, list[bytes]] = {}  # unresolved id -> objects waiting on it
-        self.waiting: dict[bytes, int] = {}  # id -> how many of its links are unresolved
-        self.held: dict[bytes, bytes] = {}  # the bytes of each waiting id dst lacks
+        self.pending: set[bytes] = set()  # missing at dst and not written yet
+        self.parents: dict[bytes, list[bytes]] = {}  # pending id -> objects waiting on it
+        self.waiting: dict[bytes, int] = {}  # id -> how many of its children are pending
+        self.held: dict[bytes, bytes] = {}  # the bytes of each waiting id
         self.buffer: list[tuple[bytes, bytes]] = []
         self.buffer_bytes = 0
         self.read_batch = _FIRST_READ
@@ -196,128 +196,99 @@ class _Sender:
     def run(self, roots: Iterable[bytes]) -> None:
         frontier = list(dict.fromkeys(roots))
         seen: set[bytes] = set(frontier)
-        self.unresolved.update(frontier)
+        absent = set(self._missing(frontier)) if frontier else set()
         while frontier:
-            absent = set(self._missing(frontier))
-            trusted = self.trusted
-            if self.present == "trust" or not trusted.isdisjoint(frontier):
-                taken = [
-                    k
-                    for k in frontier
-                    if k not in absent and (self.present == "trust" or k in trusted)
-                ]
-                for key in taken:
-                    self._resolved(key)
-                frontier = [k for k in frontier if k in absent or k not in set(taken)]
+            if self.present == "trust":
+                frontier = [k for k in frontier if k in absent]
+            elif not self.trusted.isdisjoint(frontier):
+                frontier = [k for k in frontier if k in absent or k not in self.trusted]
             candidates: list[bytes] = []
-            for key, data, links, lacking in self._level(frontier, absent):
+            interior: list[tuple[bytes, bytes, list[bytes]]] = []
+            for key, data, links in self._level(frontier, absent):
+                if data is None:  # dst has it: only its links matter
+                    candidates += unseen(seen, links)
+                    continue
+                if not links:
+                    self._ready(key, data)
+                    continue
+                candidates += unseen(seen, links)
+                interior.append((key, data, links))
+            absent = set(self._missing(candidates)) if candidates else set()
+            for key, data, links in interior:
+                n = 0
                 for link in links:
-                    if link not in seen:
-                        seen.add(link)
-                        candidates.append(link)
-                        self.unresolved.add(link)
-                self._met(key, data, links, lacking)
+                    if link in self.pending:
+                        self.parents.setdefault(link, []).append(key)
+                        n += 1
+                if n:
+                    self.waiting[key] = n
+                    self.held[key] = data
+                else:
+                    self._ready(key, data)
             frontier = candidates
         while self.buffer:
             self._flush()
-        if self.waiting:  # cannot happen: every object met is read, and resolved
+        if self.waiting:  # cannot happen: every pending child is read and written
             left = next(iter(self.waiting))
             raise RuntimeError(f"sync to {self.dst.url}: {left.hex()} still waits on children")
 
     def _level(
         self, frontier: list[bytes], absent: set[bytes]
-    ) -> Iterator[tuple[bytes, bytes, list[bytes], bool]]:
-        """``(key, bytes, links, dst lacks it)`` of each key of a level: read from the
-        source, except what dst has when ``present`` is "dst" (read there, verified)."""
-        from_src = frontier
-        if self.present == "dst":
-            have = [k for k in frontier if k not in absent]
-            from_src = [k for k in frontier if k in absent]
-            again: list[bytes] = []
-            for i in range(0, len(have), _MAX_READ):
-                part = have[i : i + _MAX_READ]
-                for key, data, links in self._read_dst(part):
-                    if data is None:
-                        again.append(key)  # corrupt or gone at dst: sent again
-                    else:
-                        yield key, data, links, False
-            absent.update(again)
-            from_src = from_src + again
+    ) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
+        """``(key, bytes, links)`` of each key of a level that dst lacks, read from the
+        source and checked; ``(b"", None, links)`` for a batch of those dst has, their
+        links read on the cheap side (`Present`). A copy found corrupt or gone at dst is read from
+        the source as one it lacks (and becomes pending)."""
+        lacking = [k for k in frontier if k in absent]
+        have = [k for k in frontier if k not in absent]
+        store = self.dst if self.present == "dst" else self.src
+        for i in range(0, len(have), _MAX_READ):
+            again = yield from self._links(store, have[i : i + _MAX_READ])
+            if again:
+                self.pending.update(again)
+                lacking += again
         i = 0
-        while i < len(from_src):
-            part = from_src[i : i + self.read_batch]
+        while i < len(lacking):
+            part = lacking[i : i + self.read_batch]
             i += len(part)
             size = 0
             for key, data, links in self._read(part):
                 size += len(data)
-                yield key, data, links, key in absent
+                yield key, data, links
             mean = max(size // len(part), 1)
             self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
 
-    def _met(self, key: bytes, data: bytes, links: list[bytes], lacking: bool) -> None:
-        n = 0
-        for link in links:
-            if link in self.unresolved:
-                self.parents.setdefault(link, []).append(key)
-                n += 1
-        if n:
-            self.waiting[key] = n
-            if lacking:
-                self.held[key] = data
-        elif lacking:
-            self._ready(key, data)
-        else:
-            self._resolved(key)
-
-    def _resolved(self, key: bytes) -> None:
-        """``key``'s closure is stored at dst: the objects waiting only on it go on."""
-        todo = [key]
-        while todo:
-            done = todo.pop()
-            self.unresolved.discard(done)
-            for parent in self.parents.pop(done, ()):
-                left = self.waiting[parent] - 1
-                if left:
-                    self.waiting[parent] = left
-                    continue
-                del self.waiting[parent]
-                if parent in self.held:
-                    data = self.held.pop(parent)
-                    self.buffer.append((parent, data))  # written in the next batch
-                    self.buffer_bytes += len(data)
-                else:
-                    todo.append(parent)  # dst has it, and now all it links
+    def _links(
+        self, store: Store, keys: list[bytes]
+    ) -> Generator[tuple[bytes, None, list[bytes]], None, list[bytes]]:
+        """``(b"", None, links)``: the links of the copies of ``keys`` in ``store``, re-hashed,
+        in one list; returns the keys whose copy is corrupt or gone (at dst: sent again; at
+        src: an error)."""
+        got = store.backend.get_list(keys)
+        here = [data is not None for data in got]  # not truthiness: b"" is an object
+        bad = [] if all(here) else list(compress(keys, map(operator.not_, here)))
+        keys = list(compress(keys, here))
+        datas = cast("list[bytes]", list(compress(got, here)))
+        corrupt = mismatches(keys, datas)
+        if corrupt:
+            bad += [keys[j] for j in corrupt]
+            fine = sorted(set(range(len(keys))) - set(corrupt))
+            keys, datas = [keys[j] for j in fine], [datas[j] for j in fine]
+        if bad and store is self.src:
+            raise NotFound("object", f"{bytes(bad[0]).hex()} (in {self.src.url}, unreadable)")
+        ids, _, errors = self.reader.links(datas, owners=False)
+        if errors:
+            j, e = next(iter(errors.items()))
+            raise InvalidObject(f"object {bytes(keys[j]).hex()} in {store.url}: {e}")
+        yield b"", None, ids  # the links of the whole batch at once: only they matter
+        return bad
 
     def _missing(self, keys: list[bytes]) -> list[bytes]:
         missing = self.dst.backend.missing(keys)
         self.checked += len(keys)
+        self.pending.update(missing)
         self._tick()
         return missing
-
-    def _read_dst(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
-        """``(key, bytes, links)`` of dst's copies, re-hashed; bytes None where the copy is
-        corrupt or gone (the caller sends it again)."""
-        got = self.dst.backend.get_list(keys)
-        here = [data is not None for data in got]  # not truthiness: b"" is an object
-        if not all(here):
-            for key, ok in zip(keys, here, strict=True):
-                if not ok:
-                    yield key, None, []
-            keys = list(compress(keys, here))
-            got = list(compress(got, here))
-        datas = cast("list[bytes]", got)  # the None left out above
-        corrupt = set(mismatches(keys, datas))
-        ids, owners, errors = self.reader.links(datas, ordered=True)
-        links: list[list[bytes]] = [[] for _ in keys]
-        for link, owner in zip(ids, owners, strict=True):
-            links[owner].append(link)
-        for j, (key, data) in enumerate(zip(keys, datas, strict=True)):
-            if j in corrupt:
-                yield key, None, []
-            elif j in errors:
-                raise InvalidObject(f"object {bytes(key).hex()} in {self.dst.url}: {errors[j]}")
-            else:
-                yield key, data, list(dict.fromkeys(links[j]))
 
     def _read(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes, list[bytes]]]:
         """``(key, bytes, links)`` of each key, checked (hashed, canonical): a batch at a time
@@ -367,7 +338,16 @@ class _Sender:
         self.sent += len(batch)
         for key, data in batch:
             self.nbytes += len(data)
-            self._resolved(key)
+            self.pending.discard(key)
+            for parent in self.parents.pop(key, ()):
+                left = self.waiting[parent] - 1
+                if left:
+                    self.waiting[parent] = left
+                else:
+                    del self.waiting[parent]
+                    data_p = self.held.pop(parent)
+                    self.buffer.append((parent, data_p))
+                    self.buffer_bytes += len(data_p)
         self._tick()
 
     def _tick(self) -> None:
