@@ -16,7 +16,11 @@ own copy and re-hashes it, and sends again a copy that is corrupt (the backend's
 replaces it). It stops only at the destination's current values of the refs it moves:
 a ref is set only once its closure is stored, so the closure of the old value of a ref is
 not read again when the new value links it (the common case: a new version of a set).
-The cost is one local read of what the new values reach beyond the old ones.
+The cost is one local read of what the new values reach beyond the old ones, about that
+of `Store.walk` over it (100,000 objects shared but not through the old value: 1.2 s
+against 1.2 s for the walk, on a loaded 2-core machine). A hole found below an object the
+destination has is filled in the same run; an object written above it has all its own
+links, and the hole is there to be found by the next run if this one is killed.
 
 Every object read from the source is verified before it is written: its bytes must hash
 to its id (else `IntegrityError`, naming the id and the source, and nothing of the
