@@ -330,6 +330,8 @@ def bench_scoring(tmp: Path, sizes: ScoreSizes) -> list[Row]:
         preds = store.get(store.get(j, JobRecord).predictions, PredictionColumns)
         read += store.open_blob(preds.columns["value_text"]).size
         read += store.open_blob(preds.columns["attempt"]).size
+        status = preds.columns.get("status") or preds.columns["outcome"]
+        read += store.open_blob(status).size
     whole = 0
     for j in sub:
         preds = store.get(store.get(j, JobRecord).predictions, PredictionColumns)
@@ -345,8 +347,8 @@ def bench_scoring(tmp: Path, sizes: ScoreSizes) -> list[Row]:
             "the spec's floor",
             target=1,
             note=f"score_jobs(n_boot=0) over {len(s.jobs)} jobs' PredictionColumns, answer "
-            f"columns kept{reps}: reads {read / n_rows:.1f} B/row (answers + attempts) of "
-            f"{whole / sub_rows:.0f}",
+            f"columns kept{reps}: reads {read / n_rows:.1f} B/row (answers, attempts, slot "
+            f"states) of {whole / sub_rows:.0f}",
         ),
         Row(
             f"score: {what} from the store",

@@ -38,7 +38,7 @@ from medomni_cas.bench.records import AgentConfig, JobRecord
 from medomni_cas.bench.refnames import result_ref
 from medomni_cas.bench.runners import Runner, pick_runner
 from medomni_cas.bench.scorer import Scored, ScoreError, jobs_of, score_jobs, write_results
-from medomni_cas.errors import InvalidName, MedomniError
+from medomni_cas.errors import IntegrityError, InvalidName, MedomniError
 from medomni_cas.store import sync
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -48,6 +48,7 @@ from medomni_cas.studio.benchmarks import open_benchmark, split_set_name
 from medomni_cas.studio.build import Built
 from medomni_cas.studio.build import build_pair as studio_build_pair
 from medomni_cas.studio.folders import find_template, load_template
+from medomni_cas.studio.records import BuildResult, SetBuild
 from medomni_cas.studio.schema import SpecError, TaskSet
 from medomni_cas.studio.tasksets import (
     RebuildRow,
@@ -74,6 +75,7 @@ __all__ = [
     "agent_config",
     "build",
     "build_pair",
+    "check_answer_keys",
     "check_pair",
     "check_set",
     "diff",
@@ -325,17 +327,21 @@ def rebuild_set(
     folders: Folders,
     studio: str | Path | None = None,
     bench: str | Path | None = None,
+    dataset: str | Path | None = None,
     data_root: str | Path | None = None,
     progress: Progress | None = None,
 ) -> tuple[str, list[RebuildRow]]:
-    """Build a published set from your own data and compare ids pair by pair (`rebuild`)."""
+    """Build a published set from its bundle and your own data and compare ids pair by pair
+    (`rebuild`): it reads your dataset's card (``dataset``, else the studio's), never a set
+    file, template or bench folder (``bench`` is accepted and not read)."""
+    del bench
     bar = _bar(progress, None, "step", "rebuild")
     try:
         return rebuild(
             store,
             bundle,
-            studio=folders.get("studio", studio),
-            bench=folders.get("bench", bench),
+            studio=folders.optional("studio", studio) if dataset is None else studio,
+            dataset=dataset,
             data_root=data_root,
             progress=_steps(bar),
         )
@@ -447,6 +453,7 @@ def score(
         idle = [a for a in agents if a not in ran]
         if idle:
             raise ScoreError(f"task set {set_name} has no recorded job by agent {idle[0]!r}")
+    check_answer_keys(store, jobs, view.build, arms)
     scored = score_jobs(
         store,
         jobs,
@@ -458,6 +465,36 @@ def score(
     )
     files = write_results(scored, Path(out)) if out is not None else ()
     return ScoreReport(scored, tuple(files))
+
+
+def check_answer_keys(
+    store: Store,
+    jobs: Sequence[ObjectId],
+    latest: ObjectId | None,
+    arms: Sequence[str] | None = None,
+) -> None:
+    """Re-hash the answer keys a score of ``jobs`` reads (of their set builds and the
+    set's ``latest``, under the arm labels ``arms`` or all): `IntegrityError` naming the
+    first damaged one. The scorer reads the answer columns it kept from the keys, not the
+    keys, so a key damaged since would go unseen, linked from the new result."""
+    builds = dict.fromkeys(store.get(j, JobRecord).set_build for j in jobs)
+    if latest is not None:
+        builds[latest] = None
+    chosen = set(arms or ())
+    keys: dict[ObjectId, str] = {}
+    for build in builds:
+        for e in store.get(build, SetBuild).entries:
+            if not chosen or arm_label(e.arm, e.arm_variant) in chosen:
+                keys.setdefault(store.get(e.result, BuildResult).answer_key, e.pair)
+    for key, pair in keys.items():
+        try:
+            store.get_raw(key)
+        except IntegrityError as e:
+            e.args = (
+                f"answer key {key.hex()} of {pair} is corrupt: its bytes hash to {e.got}; "
+                "nothing was scored (`medomni cas fsck` lists the damage)",
+            )
+            raise
 
 
 def format_value(v: float | None) -> str:
@@ -563,14 +600,16 @@ def push(
     *,
     workspace: Workspace | str | Path | None = ".",
     force: bool = False,
+    message: str = "",
     progress: Callable[[SyncProgress], None] | None = None,
     single_writer: bool = False,
 ) -> SyncReport:
     """Send ``refs`` (default: all of ``store``'s) and what they reach to ``remote``.
 
-    ``single_writer`` opens the remote allowing ref updates without conditional writes."""
+    ``single_writer`` opens the remote allowing ref updates without conditional writes;
+    ``force`` and ``message``: see `medomni_cas.store.sync.transfer`."""
     with _remote(remote, workspace, single_writer=single_writer) as dst:
-        return sync.push(store, dst, refs, force=force, progress=progress)
+        return sync.push(store, dst, refs, force=force, message=message, progress=progress)
 
 
 def pull(
@@ -580,6 +619,7 @@ def pull(
     *,
     workspace: Workspace | str | Path | None = ".",
     force: bool = False,
+    message: str = "",
     progress: Callable[[SyncProgress], None] | None = None,
 ) -> SyncReport:
     """Fetch ``refs`` (default: all of the remote's) and what they reach into ``store``.
@@ -587,4 +627,4 @@ def pull(
     The remote must exist: pulling from a mistyped local path is an error, not an empty
     store."""
     with _remote(remote, workspace, create=False) as src:
-        return sync.pull(store, src, refs, force=force, progress=progress)
+        return sync.pull(store, src, refs, force=force, message=message, progress=progress)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -426,6 +426,32 @@ class BackendTests:
         assert backend.ref_update("logged", old, None, b"deleted")
         assert backend.ref_log("logged") == [b"entry %d" % i for i in range(5)] + [b"deleted"]
         assert backend.ref_log("never") == []
+
+    def test_ref_log_entry_made_from_the_previous_one(self, backend: Backend) -> None:
+        """An entry given as a function gets the previous entry's bytes (None for the
+        first; across a delete too), inside the atomic step: the history's hash chain."""
+        seen: list[bytes | None] = []
+
+        def entry(label: bytes) -> Callable[[bytes | None], bytes]:
+            def make(previous: bytes | None) -> bytes:
+                seen.append(previous)
+                return label + b" after " + (previous or b"-")
+
+            return make
+
+        a, b = key(b"a"), key(b"b")
+        assert backend.ref_update("chain", None, a, entry(b"1"))
+        assert backend.ref_update("chain", a, None, entry(b"2"))
+        assert backend.ref_update("chain", None, b, b"plain")
+        assert not backend.ref_update("chain", a, b, entry(b"lost"))  # lost: not logged
+        assert backend.ref_update("chain", b, a, entry(b"3"))
+        assert backend.ref_log("chain") == [
+            b"1 after -",
+            b"2 after 1 after -",
+            b"plain",
+            b"3 after plain",
+        ]
+        assert seen == [None, b"1 after -", b"plain"]
 
     def test_ref_log_empty_entry(self, backend: Backend) -> None:
         assert backend.ref_update("e", None, key(b"a"), b"")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from medomni_cas.store.url import LOCAL_SCHEMES, local_path_problem
 from medomni_cas.store.url import open_store as open_url
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ __all__ = [
 WORKSPACE_FILE = "workspace.yaml"
 DEFAULT_STORE_URL = "lmdb://./.medomni/store"
 DEFAULT_REMOTE = "origin"
-_LOCAL_SCHEMES = ("lmdb://", "file://")
 
 
 class WorkspaceFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -85,19 +85,23 @@ class WorkspaceFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     remotes: dict[str, str] = {}
 
     def problems(self) -> list[tuple[str, str]]:
-        """Values the types cannot refuse: URLs without a scheme."""
+        """Values the types cannot refuse: URLs without a scheme, local URLs without a path."""
         urls = [("store", self.store)] if self.store is not None else []
         urls += [(f"remotes.{name}", url) for name, url in self.remotes.items()]
-        return [
-            (f, f"not a store URL (expected scheme://...): {u!r}")
-            for f, u in urls
-            if "://" not in u
-        ]
+        out = []
+        for field, url in urls:
+            if "://" not in url:
+                out.append((field, f"not a store URL (expected scheme://...): {url!r}"))
+            elif (problem := local_path_problem(url)) is not None:
+                out.append((field, problem))
+        return out
 
 
 def _resolve(folder: Path, url: str) -> str:
     """A local store URL with its path made absolute against ``folder``."""
-    for scheme in _LOCAL_SCHEMES:
+    if local_path_problem(url) is not None:
+        return url  # refused where it is opened; never the workspace folder itself
+    for scheme in LOCAL_SCHEMES:
         if url.startswith(scheme) and not url.startswith(scheme + "/"):
             rel, sep, query = url.removeprefix(scheme).partition("?")
             path = Path(rel).expanduser()

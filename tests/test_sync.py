@@ -326,13 +326,19 @@ def test_truncated_pack_is_detected(packed: FsspecBackend) -> None:
         reader.get(items[-1][0])
 
 
-def test_truncated_index_is_detected(packed: FsspecBackend) -> None:
-    packed.put_many(_blobs(50))
+def test_truncated_index_is_detected_and_rebuilt_from_its_pack(packed: FsspecBackend) -> None:
+    items = _blobs(50)
+    packed.put_many(items)
     (name,) = packed.index.packs
     path = packed.index.pack_path(name, "idx")
     packed.fs.pipe_file(path, packed.fs.cat_file(path)[:-7])
-    with pytest.raises(CorruptPack, match=f"{name}.idx.*truncated"):
-        FsspecBackend(packed.url).missing([items_key(0)])
+    reader = FsspecBackend(packed.url)
+    assert reader.missing([items_key(0)]) == []
+    assert reader.get_list([k for k, _ in items]) == [d for _, d in items]
+    ((file, message),) = reader.damage()
+    assert file == path and "truncated" in message and "rebuilt from its pack" in message
+    again = FsspecBackend(packed.url)
+    assert again.missing([items_key(0)]) == [] and again.damage() == []  # written back
 
 
 def items_key(i: int) -> bytes:

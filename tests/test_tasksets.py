@@ -1,4 +1,4 @@
-"""Task sets and benchmarks: a set only grows, publish --configs-only holds no data,
+"""Task sets and benchmarks: a set only grows, publish (configs only) holds no data,
 rebuild compares ids pair by pair, sign-off freezes a template, plug-ins are found."""
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_rebuild_from_own_data_matches(built: tuple[mc.Store, Path], data: Path)
 
 
 def test_rebuild_names_data_and_config_differences(
-    built: tuple[mc.Store, Path], tmp_path: Path, tree: Path
+    built: tuple[mc.Store, Path], tmp_path: Path, tree: Path, data: Path
 ) -> None:
     store, out = built
     path = out / "diff.bundle"
@@ -210,17 +210,17 @@ def test_rebuild_names_data_and_config_differences(
     )
     assert {r.status for r in rows} == {"data differs"}
     assert "atom tasks differ" in rows[0].detail
+    # a rebuild builds from the published configs: one's own templates are not read ...
     tpl = tree / "studio/datasets/synth-ehr/tasks" / CKD / "template.yaml"
     tpl.write_text(tpl.read_text().replace("Estimate this", "Estimate, please, this"))
-    _, rows = rebuild(
-        mc.open("memory://"),
-        path,
-        studio=tree / "studio",
-        bench=tree / "bench",
-        data_root=other_data,
-    )
-    ckd = [r for r in rows if r.pair.startswith(CKD)]
-    assert {r.status for r in ckd} == {"config differs"} and "template" in ckd[0].detail
+    _, rows = rebuild(mc.open("memory://"), path, studio=tree / "studio", data_root=data)
+    assert {r.status for r in rows} == {"match"}
+    # ... but one's own dataset card is, and another release of it is named
+    ds = tree / "studio/datasets/synth-ehr/dataset.yaml"
+    ds.write_text(ds.read_text().replace('release: "1.0.0"', 'release: "1.1.0"'))
+    _, rows = rebuild(mc.open("memory://"), path, studio=tree / "studio", data_root=data)
+    assert {r.status for r in rows} == {"config differs"}
+    assert "dataset_release: published 1.0.0, your dataset.yaml 1.1.0" in rows[0].detail
 
 
 def test_whole_publish_refused_for_credentialed_data(
@@ -230,12 +230,12 @@ def test_whole_publish_refused_for_credentialed_data(
     ds = tree / "studio/datasets/synth-ehr/dataset.yaml"
     ds.write_text(ds.read_text().replace("credentialed: false", "credentialed: true"))
     assert "credentialed: true" in ds.read_text()
-    with pytest.raises(TaskSetError, match=r"credentialed.*--configs-only"):
+    with pytest.raises(TaskSetError, match=r"credentialed.*without --with-data"):
         publish(
             store,
             SET,
             out / "x.bundle",
-            configs_only=False,
+            with_data=True,
             studio=tree / "studio",
             bench=tree / "bench",
         )
@@ -244,7 +244,7 @@ def test_whole_publish_refused_for_credentialed_data(
         store,
         SET,
         out / "whole.bundle",
-        configs_only=False,
+        with_data=True,
         studio=EXAMPLES / "studio",
         bench=EXAMPLES / "bench",
     )

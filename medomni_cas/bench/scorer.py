@@ -16,7 +16,9 @@ agent's row for the same pair and arm, is flagged in ``config_flag``.
 from __future__ import annotations
 
 import io
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +79,10 @@ SCORER_VERSION = "1.1.0"
 #: Versions `derive` computes: 1.0.0 rows had no coverage fields (a result it wrote still
 #: verifies); 1.1.0 adds them, the task set hash, and rows for jobs never recorded.
 SCORER_VERSIONS = ("1.0.0", "1.1.0")
+
+# Threads reading jobs' columns ahead of the one being scored: two keep both cores of a
+# small machine busy; more only hold more jobs' columns in memory at once.
+_READERS = 2
 
 
 class ScoreError(MedomniError, ValueError):
@@ -330,7 +336,12 @@ def coverage_gaps(store: Store, jobs: Sequence[ObjectId], arms: Sequence[str] = 
     """Every job of ``jobs`` with slots never run, and every job a complete score needs
     (`expected_jobs` of the arm labels ``arms``, default all) that is not among them: read
     from the job records alone."""
-    records = [store.get(j, JobRecord) for j in jobs]
+    return _gaps(store, jobs, [store.get(j, JobRecord) for j in jobs], arms)
+
+
+def _gaps(
+    store: Store, jobs: Sequence[ObjectId], records: Sequence[JobRecord], arms: Sequence[str]
+) -> list[Gap]:
     if not records:
         return []
     names: dict[ObjectId, str] = {}
@@ -386,15 +397,27 @@ def derive(
     never recorded gets rows of slots never run. ``scorer_version`` "1.0.0" gives the rows
     that version wrote (no coverage fields, no rows for jobs never recorded), so that
     ``audit verify`` can re-derive its results."""
+    return _derive(
+        store, [store.get(j, JobRecord) for j in jobs], n_boot, seed, scorer_version, arms
+    )
+
+
+def _derive(
+    store: Store,
+    records: Sequence[JobRecord],
+    n_boot: int,
+    seed: int,
+    scorer_version: str,
+    arms: Sequence[str],
+) -> Derived:
     if scorer_version not in SCORER_VERSIONS:
         raise ScoreError(
             f"scorer version {scorer_version!r} is not one this scorer can compute "
             f"(it computes {', '.join(SCORER_VERSIONS)})"
         )
     legacy = scorer_version == "1.0.0"
-    if not jobs:
+    if not records:
         raise ScoreError("no jobs to score: run the set first (`medomni bench run`)")
-    records = [store.get(j, JobRecord) for j in jobs]
     sets = {r.task_set for r in records}
     if len(sets) > 1:
         raise ScoreError(
@@ -414,20 +437,34 @@ def derive(
             answers[(build, arm, variant)] = _answers(store, build, arm, variant, truths)
         return answers[(build, arm, variant)]
 
-    for job in records:
-        a = arm_answers(job.set_build, job.arm, job.arm_variant)
-        preds = _predictions(store, job, a)
-        rows += _rows(
-            a,
-            preds,
-            names[job.agent_config],
-            job.arm,
-            job.arm_variant,
-            job.runner,
-            n_boot,
-            seed,
-            legacy,
-        )
+    # the next jobs' columns are read (blob reads, hashing, Arrow decoding: mostly outside
+    # the GIL) while this one's are scored; the answers are made here, in order
+    pending: deque[tuple[JobRecord, _Answers, Future[_Predictions]]] = deque()
+    upcoming = iter(records)
+
+    def read_ahead(pool: ThreadPoolExecutor) -> None:
+        job = next(upcoming, None)
+        if job is not None:
+            a = arm_answers(job.set_build, job.arm, job.arm_variant)
+            pending.append((job, a, pool.submit(_predictions, store, job, a)))
+
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="medomni-score") as pool:
+        for _ in range(_READERS + 1):
+            read_ahead(pool)
+        while pending:
+            job, a, future = pending.popleft()
+            read_ahead(pool)
+            rows += _rows(
+                a,
+                future.result(),
+                names[job.agent_config],
+                job.arm,
+                job.arm_variant,
+                job.runner,
+                n_boot,
+                seed,
+                legacy,
+            )
     if not legacy:
         have = {(r.agent_config, r.arm, r.arm_variant, r.repetition) for r in records}
         for agent, arm, variant, _rep in sorted(expected_jobs(store, records, arms) - have):
@@ -463,10 +500,11 @@ def score_jobs(
     be of those arms): `PartialScore` (nothing written, no ref moved) names the gaps,
     unless ``allow_partial``; then the result and its rows with gaps say ``partial``."""
     arms = tuple(sorted(set(arms)))
-    gaps = coverage_gaps(store, jobs, arms)
+    records = [store.get(j, JobRecord) for j in jobs]  # decoded once for both steps
+    gaps = _gaps(store, jobs, records, arms)
     if gaps and not allow_partial:
         raise PartialScore(gaps)
-    d = derive(store, jobs, n_boot=n_boot, seed=seed, arms=arms)
+    d = _derive(store, records, n_boot, seed, SCORER_VERSION, arms)
     table = rows_table(d.rows)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
@@ -493,21 +531,53 @@ def score_jobs(
     return Scored(rid, result, table)
 
 
-def _mixed(values: pa.Array | None, default: str) -> str:
-    """The one value of ``values`` (nulls aside), or "mixed: a, b" when there are more."""
+class _Codes:
+    """A column of few distinct strings (a slot's status, runner, isolation) as integer
+    codes, decoded once a job, so that each row group is counted by one `numpy.bincount`
+    over its slice rather than by a pyarrow call of its own."""
+
+    def __init__(self, values: pa.Array) -> None:
+        if pa.types.is_null(values.type):
+            values = values.cast(pa.string())
+        if not pa.types.is_dictionary(values.type):
+            values = pc.dictionary_encode(values)
+        labels: list[str | None] = values.dictionary.to_pylist()
+        self.labels = labels
+        self.null = len(labels)  # the code of a null row
+        indices = values.indices
+        if values.null_count:
+            indices = pc.fill_null(indices, self.null)
+        self.codes = indices.to_numpy(zero_copy_only=False)
+
+    def counts(self, start: int, stop: int) -> tuple[dict[str, int], int]:
+        """The rows ``start:stop`` by value (those present), and how many are null."""
+        counts = np.bincount(self.codes[start:stop], minlength=self.null + 1)
+        by_value: dict[str, int] = {}
+        nulls = int(counts[self.null])
+        for label, c in zip(self.labels, counts[: self.null].tolist(), strict=True):
+            if not c:
+                continue
+            if label is None:  # a null inside the dictionary is a null row too
+                nulls += c
+            else:
+                by_value[label] = by_value.get(label, 0) + c
+        return by_value, nulls
+
+
+def _mixed(values: _Codes | None, start: int, stop: int, default: str) -> str:
+    """The one value of rows ``start:stop`` (nulls aside), or "mixed: a, b" when there are
+    more."""
     if values is None:
         return default
-    seen = sorted(v for v in pc.unique(values).to_pylist() if v is not None)
+    seen = sorted(values.counts(start, stop)[0])
     if not seen:
         return default
     return seen[0] if len(seen) == 1 else "mixed: " + ", ".join(seen)
 
 
-def _coverage(status: pa.Array) -> tuple[int, dict[str, int], int]:
+def _coverage(status: _Codes, start: int, stop: int) -> tuple[int, dict[str, int], int]:
     """A group's slots: answered, unanswered by outcome, never run."""
-    counts = {c["values"]: c["counts"] for c in pc.value_counts(status).to_pylist()}
-    never = status.null_count
-    counts.pop(None, None)
+    counts, never = status.counts(start, stop)
     answered = counts.pop("answered", 0)
     return answered, dict(sorted(counts.items())), never
 
@@ -524,6 +594,9 @@ def _rows(
     legacy: bool,
 ) -> list[ScoreRow]:
     out = []
+    status_codes = None if legacy else _Codes(preds.status)
+    runner_codes = None if legacy or preds.runner is None else _Codes(preds.runner)
+    isolation_codes = None if legacy or preds.isolation is None else _Codes(preds.isolation)
     for g in sorted(answers.record.groups, key=lambda g: (g.pair, g.target)):
         n = g.stop - g.start
         if g.numeric:
@@ -532,8 +605,6 @@ def _rows(
             truth, pred = answers.truth_text, preds.value_text
         truth = truth.slice(g.start, n)
         pred = pa.nulls(n, truth.type) if pred is None else pred.slice(g.start, n)
-        status = preds.status.slice(g.start, n)
-        ran = status.null_count < n
         m = metric_score(g.metric, truth, pred, n_boot=n_boot, seed=seed)
         configs = {g.config.hex()}
         if preds.config is not None:
@@ -562,14 +633,11 @@ def _rows(
             ),
             attempts=int(attempts),
         )
-        if not legacy:
-            answered, unanswered, never = _coverage(status)
-            runners = _mixed(
-                None if preds.runner is None else preds.runner.slice(g.start, n), runner
-            )
-            isolation = _mixed(
-                None if preds.isolation is None else preds.isolation.slice(g.start, n), ""
-            )
+        if status_codes is not None:
+            answered, unanswered, never = _coverage(status_codes, g.start, g.stop)
+            ran = never < n
+            runners = _mixed(runner_codes, g.start, g.stop, runner)
+            isolation = _mixed(isolation_codes, g.start, g.stop, "")
             mixed = [f"runners {runners[7:]}"] if runners.startswith("mixed: ") else []
             if isolation.startswith("mixed: "):
                 mixed.append(f"isolation {isolation[7:]}")

@@ -190,7 +190,7 @@ def cmd_ref_set(args: argparse.Namespace) -> int:
             expected = store.resolve(args.expect)
         else:
             expected = store.refs.get(args.name)
-        store.refs.set(args.name, new, expected=expected, message=args.message)
+        store.refs.set(args.name, new, expected=expected, message=args.message, force=_forced(args))
     emit(args, {"name": args.name, "old": expected, "new": new}, f"{new.hex()} {args.name}")
     return EXIT_OK
 
@@ -199,9 +199,17 @@ def cmd_ref_delete(args: argparse.Namespace) -> int:
     """Delete a ref (its history is kept)."""
     with open_store(args) as store:
         old = store.refs[args.name] if args.expect is None else store.resolve(args.expect)
-        store.refs.delete(args.name, expected=old, message=args.message)
+        store.refs.delete(args.name, expected=old, message=args.message, force=_forced(args))
     emit(args, {"name": args.name, "old": old}, f"deleted {args.name} (was {old.hex()})")
     return EXIT_OK
+
+
+def _forced(args: argparse.Namespace) -> bool:
+    """``--force``, which overrides the ref update policies, only with ``-m`` saying why
+    (the history records both)."""
+    if args.force and not args.message.strip():
+        raise ValueError("--force needs -m MESSAGE saying why (it goes into the ref's history)")
+    return bool(args.force)
 
 
 def cmd_log(args: argparse.Namespace) -> int:
@@ -217,11 +225,14 @@ def cmd_log(args: argparse.Namespace) -> int:
             "old": e.old_id,
             "new": e.new_id,
             "message": e.message,
+            "forced": e.forced,
         }
         for e in entries
     ]
     text = [
-        f"{d['time']}  {_hex(d['old'])}  {_hex(d['new'])}  {d['message']}".rstrip() for d in data
+        f"{d['time']}  {_hex(d['old'])}  {_hex(d['new'])}  "
+        f"{'(forced) ' if d['forced'] else ''}{d['message']}".rstrip()
+        for d in data
     ]
     emit(args, data, text)
     return EXIT_OK
@@ -299,6 +310,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     text.append(
         f"{report.reachable} reachable, {verb} {report.swept}, "
         f"kept {report.kept_young} younger than {args.grace:g}s"
+        + (f", removed {report.orphans} leftovers of killed writers" if report.orphans else "")
     )
     emit(args, to_builtins(report), text)
     return EXIT_OK
@@ -406,8 +418,8 @@ def _short(value: str | None) -> str:
 
 
 #: How ``push``/``pull`` count refs by outcome, in this order; the failures are also listed.
-_OUTCOMES = ("created", "updated", "unchanged", "rejected", "conflict")
-_FAILED = ("rejected", "conflict")
+_OUTCOMES = ("created", "updated", "unchanged", "rejected", "refused", "conflict")
+_FAILED = ("rejected", "refused", "conflict")
 
 
 def _emit_sync(args: argparse.Namespace, report: SyncReport, what: str) -> None:
@@ -426,6 +438,8 @@ def _emit_sync(args: argparse.Namespace, report: SyncReport, what: str) -> None:
             change = _short(r.new)
         elif r.status == "conflict":
             change += f" (now {_short(r.current)})"
+        elif r.status == "refused":
+            change += f" ({r.reason})"
         lines.append(f"  {r.status:<9} {r.name}  {change}")
     emit(args, to_builtins(report), lines)
 
@@ -465,7 +479,8 @@ def cmd_push(args: argparse.Namespace) -> int:
                 local,
                 args.remote,
                 args.refs or None,
-                force=args.force,
+                force=_forced(args),
+                message=args.message,
                 progress=cb,
                 single_writer=getattr(args, "single_writer", False),
             ),
@@ -481,7 +496,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
             "fetched",
             lambda r: f"pull from {r.src}",
             lambda cb: porcelain.pull(
-                local, args.remote, args.refs or None, force=args.force, progress=cb
+                local,
+                args.remote,
+                args.refs or None,
+                force=_forced(args),
+                message=args.message,
+                progress=cb,
             ),
         )
 
@@ -571,10 +591,12 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     only.add_argument("--expect", metavar="OLD", help="only if the ref points at OLD now")
     only.add_argument("--create", action="store_true", help="only if the ref does not exist")
     p.add_argument("-m", "--message", default="", help="message for the ref's history")
+    _force_argument(p, "move the ref even though its update policy refuses")
     p = add_command(ref_verbs, "delete", cmd_ref_delete, "delete a ref")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--expect", metavar="OLD", help="only if the ref points at OLD now")
     p.add_argument("-m", "--message", default="", help="message for the ref's history")
+    _force_argument(p, "delete the ref even though its update policy refuses")
 
     p = add_command(verbs, "log", cmd_log, "show a ref's history")
     p.add_argument("name", metavar="NAME")
@@ -658,9 +680,16 @@ def _sync_arguments(p: argparse.ArgumentParser) -> None:
         f"{DEFAULT_REMOTE!r}, or the only remote)",
     )
     p.add_argument("refs", metavar="REF", nargs="*", help="the refs (default: all)")
+    _force_argument(
+        p,
+        "move refs even when that drops a value the other side never saw, or their update "
+        "policy refuses",
+    )
     p.add_argument(
-        "--force",
-        action="store_true",
-        help="move refs even when that drops a value the other side never saw",
+        "-m", "--message", default="", help="why, with --force (for the refs' histories)"
     )
     _verbose_argument(p, "list every ref, not only counts by outcome")
+
+
+def _force_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--force", action="store_true", help=f"{what}; needs -m saying why (recorded)")

@@ -20,7 +20,7 @@ from medomni_cas.cli._output import (
 from medomni_cas.cli._progress import bars
 from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.build import Built
-from medomni_cas.studio.folders import find_template, load_template
+from medomni_cas.studio.folders import find_template, load_template, nesting_notes
 from medomni_cas.studio.schema import SpecError
 from medomni_cas.studio.signoff import signoff
 from medomni_cas.studio.tasksets import publish, show_set
@@ -62,7 +62,12 @@ def cmd_task_build(args: argparse.Namespace) -> int:
             data_root=args.data_root,
             progress=bars(args),
         )
-    emit(args, {"builds": [_built_row(x) for x in built]}, [_built_line(x) for x in built])
+    notes = nesting_notes(folders.get("studio", args.studio), [b.pair for b in built])
+    emit(
+        args,
+        {"builds": [_built_row(x) for x in built], "notes": notes},
+        [_built_line(x) for x in built] + [f"note: {n}" for n in notes],
+    )
     return EXIT_OK
 
 
@@ -95,9 +100,24 @@ def cmd_taskset_build(args: argparse.Namespace) -> int:
         "task_set": built.task_set,
         "build": built.build,
         "builds": [_built_row(x) for x in built.builds],
+        "frozen": [
+            {"pair": f.task, "n": f.pinned, "version": str(f.version)} for f in built.frozen
+        ],
+        "notes": nesting_notes(studio, [b.pair for b in built.builds]),
     }
     lines = [_built_line(x) for x in built.builds]
+    lines += [
+        f"{f.task:<36} frozen at N={f.pinned} (its cohort file is at {f.version}): kept "
+        "from the last build"
+        for f in built.frozen
+    ]
     lines.append(f"task set {built.name}: {built.task_set.hex()} (build {built.build.hex()[:12]})")
+    lines += [f"note: {n}" for n in data["notes"]]
+    if built.frozen:
+        lines.append(
+            f"  frozen: it keeps its last build for {len(built.frozen)} pair(s) whose cohort "
+            "moved to a new N; a new N enters only a new task set"
+        )
     emit(args, to_builtins(data), lines)
     return EXIT_OK
 
@@ -145,18 +165,23 @@ def cmd_taskset_show(args: argparse.Namespace) -> int:
 
 
 def cmd_taskset_publish(args: argparse.Namespace) -> int:
-    """Write the set's bundle: configs only (for credentialed data), or the whole build."""
+    """Write the set's bundle: configs only, or with --with-data the whole build (answer
+    keys included; refused for credentialed data)."""
     folders = workspace_folders()
     with open_store(args) as store:
         info = publish(
             store,
             args.name,
             args.output,
-            configs_only=args.configs_only,
+            with_data=args.with_data,
             studio=folders.get("studio", args.studio),
             bench=folders.get("bench", args.bench),
         )
-    what = "configs only" if args.configs_only else "the whole build"
+    what = (
+        "with data: evidence and answer keys"
+        if args.with_data
+        else "configs only: no patient data, no answers"
+    )
     emit(
         args,
         to_builtins(info),
@@ -166,8 +191,8 @@ def cmd_taskset_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
-    """Build a published set from your own data and compare ids pair by pair (exit 1 when
-    any differs)."""
+    """Build a published set from its bundle and your own dataset and compare ids pair by
+    pair (exit 1 when any differs); when all match, the set is recorded here."""
     with open_store(args, create=True) as store:
         name, rows = porcelain.rebuild_set(
             store,
@@ -175,6 +200,7 @@ def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
             folders=workspace_folders(),
             studio=args.studio,
             bench=args.bench,
+            dataset=args.dataset,
             data_root=args.data_root,
             progress=bars(args),
         )
@@ -267,15 +293,26 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = add_command(ts, "publish", cmd_taskset_publish, "write a task set's bundle")
     p.add_argument("name", metavar="BENCHMARK/SET")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the bundle to write")
-    p.add_argument(
-        "--configs-only",
+    holds = p.add_mutually_exclusive_group()
+    holds.add_argument(
+        "--with-data",
         action="store_true",
-        help="only the configs and the ids they build to: no patient data, no answers",
+        help="the whole build: evidence and answer keys (refused for credentialed data); "
+        "without it, only the configs and the ids they build to",
     )
+    # the default since --with-data: kept so that scripts written before keep working
+    holds.add_argument("--configs-only", action="store_true", help="the default (kept for scripts)")
     _folders(p, bench=True)
     p = add_command(ts, "rebuild", cmd_taskset_rebuild, "rebuild a published set and compare")
     p.add_argument("bundle", metavar="BUNDLE")
-    _folders(p, bench=True, data=True)
+    p.add_argument(
+        "--dataset",
+        metavar="DIR",
+        help="your own dataset's folder, holding its dataset.yaml (default: the studio's "
+        "datasets/<name>/); no template or set file is read",
+    )
+    p.add_argument("--bench", metavar="DIR", help=argparse.SUPPRESS)  # not read; old scripts
+    _folders(p, data=True)
 
     tpl = _group(studio, "template", "templates")
     p = add_command(tpl, "signoff", cmd_template_signoff, "freeze a template")

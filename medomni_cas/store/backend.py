@@ -16,7 +16,11 @@ Contract for implementers:
   were absent.
 * ``ref_update`` is the one atomic step: compare the current value of a ref with ``old``
   (``None`` = absent), set it to ``new`` (``None`` = delete) and append ``entry`` to its
-  history, all or nothing. Losing a race returns False; it never raises for that.
+  history, all or nothing. Losing a race returns False; it never raises for that. The
+  entry is bytes, or a function of the previous history entry's bytes (None for the
+  first) that makes them: the hash chain of `medomni_cas.store.reflog`,
+  which must be made inside the atomic step so that two writers cannot link the same
+  predecessor.
 * Backends that cannot make ``ref_update`` atomic against other processes set
   ``supports_atomic_refs = False``; the store then refuses multi-writer ref updates.
 """
@@ -24,15 +28,24 @@ Contract for implementers:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import ClassVar, Self
 
-__all__ = ["FRESHEN_AFTER", "Backend"]
+__all__ = ["FRESHEN_AFTER", "Backend", "Entry", "no_store"]
+
+#: A history entry as `Backend.ref_update` takes it: its bytes, or a function of the
+#: previous entry's bytes (None when there is none) that returns them.
+Entry = bytes | Callable[[bytes | None], bytes]
 
 #: An object put again has its write time refreshed only when that time is older than this
 #: (seconds), so that a rebuild writes (almost) nothing while gc's grace period, which counts
 #: from the write time, still protects what a writer is about to link.
 FRESHEN_AFTER = 3600.0
+
+
+def no_store(url: str) -> FileNotFoundError:
+    """The error for a URL that holds no store, naming it."""
+    return FileNotFoundError(f"no store at {url} (create one with `medomni cas init`)")
 
 
 class Backend(ABC):
@@ -55,6 +68,20 @@ class Backend(ABC):
         composing others (the cached store) has no URL of its own and keeps this default.
         """
         raise NotImplementedError(f"{cls.__name__} cannot be opened from a URL ({url!r})")
+
+    @classmethod
+    def open_at(cls, url: str, *, create: bool = True) -> Self:
+        """The backend at ``url``, as `medomni_cas.store.url.open_backend` opens it.
+
+        With ``create=False`` a URL that holds no store raises `no_store` and creates
+        nothing (a reader must not make an empty store at a mistyped URL); with
+        ``create=True`` a store is made there if there is none. A store that cannot be
+        reached to tell is an `OSError` naming the URL. The default is ``from_url``, for
+        backends that cannot tell (a store made in this process only).
+
+        Note for implementers: override it when ``from_url`` creates the store (a local
+        folder) or when a store is only found by asking (a remote one)."""
+        return cls.from_url(url)
 
     # -- objects ---------------------------------------------------------------------------
     @abstractmethod
@@ -91,8 +118,9 @@ class Backend(ABC):
         """The id a ref points to, or None."""
 
     @abstractmethod
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
-        """Atomically: if the ref equals ``old``, set it to ``new`` and log ``entry``."""
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
+        """Atomically: if the ref equals ``old``, set it to ``new`` and log ``entry`` (see
+        `Entry`)."""
 
     @abstractmethod
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
@@ -152,6 +180,12 @@ class Backend(ABC):
     def remove_orphans(self, older_than: float) -> int:
         """Remove leftovers of killed writers older than ``older_than``; return how many."""
         return 0
+
+    def damage(self) -> list[tuple[str, str]]:
+        """``(file, what was wrong)`` for each of the backend's own files (beside objects
+        and refs) that it found damaged since it was opened, repaired or not: what fsck
+        reports beside the objects. Default: none (a backend that keeps no such files)."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release handles; the backend is unusable afterwards. Closing twice is harmless."""

@@ -10,8 +10,11 @@ magic          15 bytes     ``b"MEDOMNI-BUNDLE\\x00"``
 version        1 byte       ``1``
 header length  4 bytes      ``H``
 header         H bytes      msgpack map: ``roots`` (list of hex ids), ``refs`` (map of ref
-                            name to hex id), ``created`` (epoch seconds, float). Readers
-                            ignore keys they do not know, so writers may add keys.
+                            name to hex id), ``created`` (epoch seconds, float), and
+                            ``manifest`` (map of str to str: what the writer says the
+                            bundle holds, such as Studio's ``holds: configs-only``; absent
+                            when empty, and in bundles written before it: read as empty).
+                            Readers ignore keys they do not know, so writers may add keys.
 records        ...          one per object: id (32 bytes), length ``n`` (8 bytes), the
                             object's canonical bytes (``n`` bytes). Written in the order a
                             breadth-first walk from the roots meets them, parents first.
@@ -29,7 +32,9 @@ so one flipped byte anywhere in a bundle is detected.
 Importing reads the file three times and writes nothing until the whole of it is proven
 good: the digest; then every record (its id, canonical form and links, and that the bundle
 is closed over the store it goes into) and every ref (no conflict); then the objects are
-written in batches, children before parents (a height at a time), and the refs last.
+written in batches, children before parents (a height at a time), and the refs last: the
+update policies of every ref (`medomni_cas.store.policies`) first, then each ref's
+compare-and-swap.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import blake3
 import msgspec
 
 from medomni_cas.errors import ConflictError, InvalidId, InvalidName, InvalidObject, NotFound
-from medomni_cas.store import _order, encoding
+from medomni_cas.store import _order, encoding, policies
 from medomni_cas.store._crash import crash_point
 from medomni_cas.store.ids import ID_SIZE, ObjectId, hash_bytes, parse_id
 from medomni_cas.store.refs import check_ref_name
@@ -116,6 +121,8 @@ class BundleInfo(msgspec.Struct):
     roots: list[str]
     refs: dict[str, str]
     created: float = 0.0
+    #: what the writer says the bundle holds (empty for bundles written before manifests)
+    manifest: dict[str, str] = {}
 
 
 class ImportReport(msgspec.Struct):
@@ -126,11 +133,13 @@ class ImportReport(msgspec.Struct):
     refs_updated: list[str]
 
 
-class _Header(msgspec.Struct):
-    # Unknown keys are accepted (msgspec's default) so that later writers can add some.
+class _Header(msgspec.Struct, omit_defaults=True):
+    # Unknown keys are accepted (msgspec's default) so that later writers can add some;
+    # an empty manifest is left out, so a bundle without one has the header it always had.
     roots: list[str]
     refs: dict[str, str]
     created: float = 0.0
+    manifest: dict[str, str] = {}
 
 
 _HEADER_ENC = msgspec.msgpack.Encoder(order="sorted")
@@ -146,6 +155,7 @@ class _Layout(NamedTuple):
     roots: list[ObjectId]
     refs: dict[str, ObjectId]
     created: float
+    manifest: dict[str, str]
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -199,7 +209,17 @@ def _layout(f: BinaryIO, path: str, *, check_digest: bool) -> _Layout:
         refs = {check_ref_name(n): ObjectId.from_hex(v) for n, v in header.refs.items()}
     except (msgspec.DecodeError, InvalidId, InvalidName) as e:
         raise BundleError(path, f"unreadable header: {e}", _PREFIX) from None
-    return _Layout(size, records_start, index_offset, count, digest, roots, refs, header.created)
+    return _Layout(
+        size,
+        records_start,
+        index_offset,
+        count,
+        digest,
+        roots,
+        refs,
+        header.created,
+        header.manifest,
+    )
 
 
 def _check_digest(f: BinaryIO, path: str, size: int, digest: bytes) -> None:
@@ -297,6 +317,7 @@ def _info(path: str, lay: _Layout) -> BundleInfo:
         roots=[r.hex() for r in lay.roots],
         refs={n: v.hex() for n, v in lay.refs.items()},
         created=lay.created,
+        manifest=lay.manifest,
     )
 
 
@@ -342,6 +363,7 @@ def import_bundle(
                 )
         updates = _plan_refs(store, f, name, index, lay.refs) if refs else []
         new = _write_objects(store, f, name, lay, index, progress)
+    _check_policies(store, name, updates)
     done: list[str] = []
     for ref, old, value in updates:
         if not store.refs.set_if_equals(ref, old, value, f"import {name}"):
@@ -370,6 +392,21 @@ def _plan_refs(
             raise BundleRefConflict(path, name, current.hex(), value.hex())
         plan.append((name, current, value))
     return plan
+
+
+def _check_policies(
+    store: Store, path: str, updates: list[tuple[str, ObjectId | None, ObjectId]]
+) -> None:
+    """Run the update policies of every ref to move before any moves (they read the new
+    records, so the objects are in by now): a bundle's refs move all or none. Reaching
+    the old value is never enough for them (a crafted record may link anything)."""
+    for ref, old, value in updates:
+        if policies.covered(ref):
+            try:
+                policies.check(store, ref, old, value)
+            except policies.RefPolicyRefused as e:
+                e.args = (f"{path}: {e.args[0]}; no ref was moved (the objects are stored)",)
+                raise
 
 
 def _reaches(
@@ -493,11 +530,13 @@ def export_bundle(
     *,
     refs: Mapping[str, ObjectId | str] | None = None,
     progress: Progress | None = None,
+    manifest: Mapping[str, str] | None = None,
 ) -> BundleInfo:
     """Write the closure of ``roots`` (and of the refs' targets) with ``refs`` to ``path``.
 
     The file appears only when complete: it is written beside the target and renamed.
-    ``progress`` gets the number of objects written.
+    ``progress`` gets the number of objects written; ``manifest`` goes into the header as
+    it is (what the bundle holds, in the caller's words; `read_bundle_header` gives it).
     """
     root_ids = [parse_id(r) for r in roots]
     ref_ids = {check_ref_name(n): parse_id(v) for n, v in (refs or {}).items()}
@@ -507,6 +546,7 @@ def export_bundle(
             roots=[r.hex() for r in root_ids],
             refs={n: v.hex() for n, v in sorted(ref_ids.items())},
             created=created,
+            manifest=dict(manifest or {}),
         )
     )
     target = Path(path)
@@ -541,6 +581,7 @@ def export_bundle(
         roots=[r.hex() for r in root_ids],
         refs={n: v.hex() for n, v in ref_ids.items()},
         created=created,
+        manifest=dict(manifest or {}),
     )
 
 

@@ -50,6 +50,8 @@ class GcReport(msgspec.Struct):
     kept_young: int
     dry_run: bool
     swept_ids: list[str]
+    #: leftovers of killed writers removed (temp files, packs without an index)
+    orphans: int = 0
 
 
 def _roots(store: Store, since: float) -> list[ObjectId]:
@@ -123,12 +125,12 @@ def gc(
             swept_ids.extend(bytes(k).hex() for k in part[:room])
         if progress:
             progress(listed)
-    if not dry_run:
-        backend.remove_orphans(cutoff)
+    orphans = 0 if dry_run else backend.remove_orphans(cutoff)
     return GcReport(
         reachable=len(reachable),
         swept=swept,
         kept_young=kept_young,
         dry_run=dry_run,
         swept_ids=swept_ids,
+        orphans=orphans,
     )

@@ -4,6 +4,11 @@ The backend supplies one atomic step (`Backend.ref_update`); everything here is 
 ``set_if_equals`` / ``add_if_new`` / ``remove_if_equals`` return False when they lose a race,
 as in Dulwich; ``set`` and ``delete`` raise `ConflictError` naming the current value, and
 ``update`` retries a read-modify-write for appends such as run indexes.
+
+Every update runs the update policies of the ref's name first (`medomni_cas.store.policies`:
+a refused one raises `RefPolicyRefused`), unless a person forces it (``force=True`` with a
+message, recorded in the history), and logs a hash-chained `RefLogEntry`
+(`medomni_cas.store.reflog`).
 """
 
 from __future__ import annotations
@@ -16,11 +21,10 @@ from functools import partial
 from types import EllipsisType
 from typing import TYPE_CHECKING, cast
 
-import msgspec
-
 from medomni_cas.errors import ConflictError, InvalidName, NotFound, UnsupportedOperation
-from medomni_cas.store.encoding import Part
+from medomni_cas.store import policies
 from medomni_cas.store.ids import ID_SIZE, ObjectId, parse_id
+from medomni_cas.store.reflog import RefLogEntry, chained, check_history, decode_entry
 
 if TYPE_CHECKING:
     from medomni_cas.store.store import Store
@@ -83,36 +87,6 @@ def check_ref_names(names: Sequence[object]) -> None:
         return
     for name in names:
         check_ref_name(name)
-
-
-class RefLogEntry(Part, frozen=True, kw_only=True):
-    """One update of a ref: what it was, what it became, when and why."""
-
-    old: bytes | None = None
-    new: bytes | None = None
-    time: float
-    message: str = ""
-
-    def __repr__(self) -> str:
-        def show(raw: bytes | None) -> str:
-            return "-" if raw is None else raw.hex()[:12]
-
-        return (
-            f"RefLogEntry({show(self.old)} -> {show(self.new)}, "
-            f"time={self.time:.3f}, message={self.message!r})"
-        )
-
-    @property
-    def old_id(self) -> ObjectId | None:
-        return None if self.old is None else ObjectId(self.old)
-
-    @property
-    def new_id(self) -> ObjectId | None:
-        return None if self.new is None else ObjectId(self.new)
-
-
-_LOG_ENC = msgspec.msgpack.Encoder(order="sorted")
-_LOG_DEC = msgspec.msgpack.Decoder(RefLogEntry)
 
 
 _not_none = partial(operator.is_not, None)
@@ -204,7 +178,17 @@ class Refs:
 
     def history(self, name: str) -> list[RefLogEntry]:
         """Every update of ``name``, oldest first (kept after the ref is deleted)."""
-        return [_LOG_DEC.decode(e) for e in self._backend.ref_log(check_ref_name(name))]
+        return [decode_entry(e) for e in self._backend.ref_log(check_ref_name(name))]
+
+    def check_history(self, name: str) -> list[str]:
+        """What is wrong with ``name`` against its history (`reflog.check_history`): its
+        value must be what the last entry set, and the hash chain whole. Empty when nothing."""
+        try:
+            raws = self._backend.ref_log(check_ref_name(name))
+            current = self._backend.ref_get(name)
+        except (OSError, ValueError) as e:  # a damaged history or ref file
+            return [f"ref {name}: it or its history cannot be read: {e}"]
+        return check_history(name, raws, current)
 
     def logged_names(self) -> list[str]:
         return list(self._backend.ref_log_names())
@@ -216,17 +200,33 @@ class Refs:
         old: ObjectId | str | bytes | None,
         new: ObjectId | str | bytes | None,
         message: str = "",
+        *,
+        force: bool = False,
     ) -> bool:
-        """Point ``name`` at ``new`` if it points at ``old`` now (None: absent / delete)."""
+        """Point ``name`` at ``new`` if it points at ``old`` now (None: absent / delete).
+
+        The policies of ``name`` run first and raise `RefPolicyRefused` to refuse; a person
+        may override them with ``force=True`` and a ``message`` saying why, which the
+        history records as a forced update."""
         check_ref_name(name)
         self.check_writable()
         old_raw, new_raw = _raw(old), _raw(new)
         if new_raw is not None and not self._backend.contains(new_raw):
             raise NotFound("object", new_raw.hex())
-        entry = _LOG_ENC.encode(
-            RefLogEntry(old=old_raw, new=new_raw, time=time.time(), message=message)
+        if force:
+            if not message.strip():
+                raise ValueError(f"forcing an update of ref {name!r} needs a message saying why")
+        elif policies.covered(name):
+            policies.check(
+                self._store,
+                name,
+                None if old_raw is None else ObjectId(old_raw),
+                None if new_raw is None else ObjectId(new_raw),
+            )
+        entry = RefLogEntry(
+            old=old_raw, new=new_raw, time=time.time(), message=message, forced=force
         )
-        return self._backend.ref_update(name, old_raw, new_raw, entry)
+        return self._backend.ref_update(name, old_raw, new_raw, chained(name, entry))
 
     def add_if_new(self, name: str, new: ObjectId | str, message: str = "") -> bool:
         """Create ``name`` only if it does not exist."""
@@ -243,12 +243,14 @@ class Refs:
         *,
         expected: ObjectId | str | EllipsisType | None = ...,
         message: str = "",
+        force: bool = False,
     ) -> None:
         """Set ``name``. With ``expected`` (None: must not exist), a lost race raises
-        `ConflictError`; without it, the current value is read and replaced."""
+        `ConflictError`; without it, the current value is read and replaced. ``force``: see
+        `set_if_equals`."""
         if expected is ...:
             expected = self.get(name)
-        if not self.set_if_equals(name, expected, new, message):
+        if not self.set_if_equals(name, expected, new, message, force=force):
             current = self.get(name)
             raise ConflictError(
                 name,
@@ -262,12 +264,14 @@ class Refs:
         *,
         expected: ObjectId | str | EllipsisType | None = ...,
         message: str = "",
+        force: bool = False,
     ) -> None:
+        """Delete ``name`` (its history is kept); ``expected`` and ``force`` as for `set`."""
         if expected is ...:
             expected = self[name]
         if expected is None:
             raise NotFound("ref", name)
-        if not self.set_if_equals(name, expected, None, message):
+        if not self.set_if_equals(name, expected, None, message, force=force):
             current = self.get(name)
             if current is None:
                 raise NotFound("ref", name)

@@ -45,6 +45,14 @@ it fail with `ConflictError` naming the current value: no update is ever lost. A
 ref does not stop the others; the error raised at the end carries the full report as
 ``.report``. A ref deleted on the source is left alone on the destination.
 
+Update policies. The update runs through the destination's `Refs`, so the policies of the
+ref's name (`medomni_cas.store.policies`) decide it on the destination, from the records
+themselves: a fast-forward by the rules above is not enough for them (a shrunk task set is
+refused even though the old one sits in the source's history). A refused ref is reported
+as ``refused`` and raises `RefPolicyRefused`. ``force=True`` overrides both the
+fast-forward rule and the policies, and the destination's history records the update as
+forced, with ``message``.
+
 Limit: the walk costs one presence round trip per level of the DAG, so a long chain
 (each object linking only the previous one) costs one round trip per link.
 """
@@ -64,6 +72,7 @@ from medomni_cas.store import encoding
 from medomni_cas.store._crash import crash_point
 from medomni_cas.store._fast import BatchReader, mismatches, unseen
 from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.policies import RefPolicyRefused
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
 
@@ -97,6 +106,7 @@ UPDATED = "updated"
 UNCHANGED = "unchanged"
 REJECTED = "rejected"
 CONFLICT = "conflict"
+REFUSED = "refused"
 
 
 class SyncProgress(NamedTuple):
@@ -112,15 +122,16 @@ Callback = Callable[[SyncProgress], None]
 
 class RefChange(msgspec.Struct, omit_defaults=True):
     """What happened to one ref: ``status`` is created, updated, unchanged, rejected (not a
-    fast-forward) or conflict (moved meanwhile). Ids are hex; ``old`` is the destination's
-    value when the sync started, ``new`` the source's, ``current`` the destination's value
-    after a conflict."""
+    fast-forward), refused (by an update policy: ``reason`` says why) or conflict (moved
+    meanwhile). Ids are hex; ``old`` is the destination's value when the sync started,
+    ``new`` the source's, ``current`` the destination's value after a conflict."""
 
     name: str
     status: str
     old: str | None = None
     new: str | None = None
     current: str | None = None
+    reason: str = ""
 
 
 class SyncReport(msgspec.Struct):
@@ -136,7 +147,7 @@ class SyncReport(msgspec.Struct):
 
     @property
     def ok(self) -> bool:
-        return all(r.status not in (REJECTED, CONFLICT) for r in self.refs)
+        return all(r.status not in (REJECTED, CONFLICT, REFUSED) for r in self.refs)
 
 
 class RefRejected(ConflictError):
@@ -416,6 +427,7 @@ def transfer(
     refs: Sequence[str] | None = None,
     *,
     force: bool = False,
+    message: str = "",
     progress: Callback | None = None,
     local: Literal["src", "dst"] = "src",
     verb: str = "sync",
@@ -423,9 +435,10 @@ def transfer(
     """Copy ``refs`` (default: every ref of ``src``) and their closures to ``dst``.
 
     ``local`` names the side that is cheap to walk (it decides where the fast-forward
-    check runs); ``verb`` goes into the destination's ref history. See the module
-    docstring for the rules; raises `RefRejected` or `ConflictError` (with ``.report``)
-    after the other refs are done."""
+    check runs); ``verb`` goes into the destination's ref history, with ``message`` (why
+    a person forces it). See the module docstring for the rules; raises `RefRejected`,
+    `RefPolicyRefused` or `ConflictError` (with ``.report``) after the other refs are
+    done."""
     if refs is None:
         src_refs = {name: bytes(v) for name, v in src.refs.items()}
     else:
@@ -466,9 +479,19 @@ def transfer(
     )
     if local == "dst":
         todo = [n for n in todo if not rejected(n)]
+    note = f"{verb} from {src.url}"
+    if force:
+        note = f"{verb} --force from {src.url}" + (f": {message}" if message else "")
+    elif message:
+        note = f"{note}: {message}"
     for name in todo:
         old, new = before[name], src_refs[name]
-        if dst.refs.set_if_equals(name, old, new, message=f"{verb} from {src.url}"):
+        try:
+            moved = dst.refs.set_if_equals(name, old, new, message=note, force=force)
+        except RefPolicyRefused as e:
+            changes[name] = RefChange(name, REFUSED, _hex(old), _hex(new), reason=e.reason)
+            continue
+        if moved:
             changes[name] = RefChange(
                 name, CREATED if old is None else UPDATED, _hex(old), _hex(new)
             )
@@ -486,6 +509,9 @@ def _raise_failures(report: SyncReport) -> None:
             err: ConflictError = RefRejected(
                 change.name, report.dst, change.old or "", change.new or "", report.src
             )
+        elif change.status == REFUSED:
+            err = RefPolicyRefused(change.name, change.old, change.new, change.reason)
+            err.args = (f"{report.dst}: {err.args[0]}",)
         elif change.status == CONFLICT:
             err = ConflictError(change.name, change.old, change.current)
             err.args = (f"{report.dst}: {err.args[0]}",)
@@ -501,10 +527,13 @@ def push(
     refs: Sequence[str] | None = None,
     *,
     force: bool = False,
+    message: str = "",
     progress: Callback | None = None,
 ) -> SyncReport:
     """Send ``refs`` (default: all of ``local``'s) and what they reach to ``remote``."""
-    return transfer(local, remote, refs, force=force, progress=progress, local="src", verb="push")
+    return transfer(
+        local, remote, refs, force=force, message=message, progress=progress, verb="push"
+    )
 
 
 def pull(
@@ -513,10 +542,20 @@ def pull(
     refs: Sequence[str] | None = None,
     *,
     force: bool = False,
+    message: str = "",
     progress: Callback | None = None,
 ) -> SyncReport:
     """Fetch ``refs`` (default: all of ``remote``'s) and what they reach into ``local``."""
-    return transfer(remote, local, refs, force=force, progress=progress, local="dst", verb="pull")
+    return transfer(
+        remote,
+        local,
+        refs,
+        force=force,
+        message=message,
+        progress=progress,
+        local="dst",
+        verb="pull",
+    )
 
 
 def clone(

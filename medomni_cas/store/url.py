@@ -17,7 +17,6 @@ This module takes URLs only: which store a folder uses (its ``workspace.yaml``, 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import cast
 
 import blake3
@@ -25,7 +24,7 @@ import blake3
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.store import Store
 
-__all__ = ["default_cache_url", "open_backend", "open_store"]
+__all__ = ["LOCAL_SCHEMES", "default_cache_url", "local_path_problem", "open_backend", "open_store"]
 
 _BUILTIN = {
     "memory": "medomni_cas.store.backends.memory:MemoryBackend",
@@ -33,6 +32,8 @@ _BUILTIN = {
     "file": "medomni_cas.store.backends.directory:DirectoryBackend",
 }
 _FSSPEC = "medomni_cas.store.backends.fsspec:FsspecBackend"
+#: Schemes whose URL is a local path (relative ones are relative to a workspace's folder).
+LOCAL_SCHEMES = ("lmdb://", "file://")
 
 
 def _load(target: str) -> type[Backend]:
@@ -63,20 +64,26 @@ def default_cache_url(url: str) -> str:
     return f"lmdb://{os.path.join(base, 'medomni', digest)}"
 
 
+def local_path_problem(url: str) -> str | None:
+    """Why a local store URL (``lmdb://``, ``file://``) is unusable: it names no path (which
+    a workspace would read as its own folder); None when it is fine or not local."""
+    for scheme in LOCAL_SCHEMES:
+        if url.startswith(scheme) and not url.removeprefix(scheme).partition("?")[0]:
+            return f"{url!r} needs a path: write {scheme}PATH, e.g. {scheme}./.medomni/store"
+    return None
+
+
 def open_backend(url: str, *, create: bool = True, cls: type[Backend] | None = None) -> Backend:
-    """The backend at ``url``; with ``create=False`` a local store must already exist.
-    ``cls``: the backend class, when the caller knows it (no lookup by scheme)."""
+    """The backend at ``url``; with ``create=False`` a store must already be there
+    (`Backend.open_at`). ``cls``: the backend class, when the caller knows it (no lookup
+    by scheme)."""
     if "://" not in url:
         raise ValueError(f"not a store URL (expected scheme://…): {url!r}")
-    scheme, rest = url.split("://", 1)
-    scheme = scheme.lower()
-    if not create and scheme in ("lmdb", "file"):
-        path = Path(rest.split("?", 1)[0]).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"no store at {url} (create one with `medomni cas init`)")
+    if (problem := local_path_problem(url)) is not None:
+        raise ValueError(problem)
     if cls is None:
-        cls = _backend_class(scheme)
-    return cls.from_url(url)
+        cls = _backend_class(url.split("://", 1)[0].lower())
+    return cls.open_at(url, create=create)
 
 
 def open_store(

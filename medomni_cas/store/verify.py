@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CORRUPT",
+    "DAMAGED",
     "DANGLING_REF",
     "MALFORMED",
     "MISSING",
+    "REF_HISTORY",
     "Bad",
     "ClosureCheck",
     "FsckReport",
@@ -64,12 +66,16 @@ CORRUPT = "corrupt"
 MISSING = "missing"
 MALFORMED = "malformed"
 DANGLING_REF = "dangling-ref"
+DAMAGED = "damaged-file"
+REF_HISTORY = "ref-history"
 _FIRST_BYTE = operator.itemgetter(0)
 
 
 class Problem(msgspec.Struct, frozen=True):
-    """One finding: ``kind`` is corrupt, missing, malformed or dangling-ref; ``id`` is the
-    object's hex id (the ref's name for dangling-ref); ``ref`` the ref it was reached from."""
+    """One finding: ``kind`` is corrupt, missing, malformed, dangling-ref or damaged-file;
+    ``id`` is the object's hex id (the ref's name for dangling-ref, the file's path for a
+    damaged file of the backend's own, `Backend.damage`); ``ref`` the ref it was reached
+    from."""
 
     kind: str
     id: str
@@ -343,6 +349,7 @@ def fsck(store: Store, *, progress: Progress | None = None, jobs: int | None = N
         if not fast.check.bad:
             found = _Problems(fast.check)
             _scan(fast, found)
+            _check_histories(store, found)
             return found.report(len(refs))
     # something is wrong: walked again one ref at a time, so that each problem names the ref
     # that reaches it first (which the walk of all at once does not know)
@@ -354,6 +361,7 @@ def fsck(store: Store, *, progress: Progress | None = None, jobs: int | None = N
             elif (bad := w.check.bad.get(oid)) is not None and bad.kind == MISSING:
                 found.missing(oid, None, name)  # another ref reached it first
         _scan(w, found)
+    _check_histories(store, found)
     return found.report(len(refs))
 
 
@@ -368,6 +376,8 @@ def _scan(w: _Walk, found: _Problems) -> None:
                     MALFORMED, key.hex(), f"stored key {key.hex()} of {len(key)} bytes is not an id"
                 )
         keys = [k for k in keys if len(k) == ID_SIZE]
+    for file, message in backend.damage():
+        found.add(DAMAGED, file, message)
     bad, absent = w.scan(keys)
     for key in absent:
         # Listed but unreadable: gone since the listing (a concurrent gc), or its bytes are
@@ -376,6 +386,22 @@ def _scan(w: _Walk, found: _Problems) -> None:
             oid = bytes(key).hex()
             found.add(MISSING, oid, f"object {oid} is listed but its bytes cannot be read")
     found.bad(bad, "")
+
+
+def _check_histories(store: Store, found: _Problems) -> None:
+    """Check every ref, and every name with a history, against its history (the values
+    agree, the hash chain is whole: `medomni_cas.store.reflog.check_history`)."""
+    names = {name for name, _ in store.refs.items()}
+    try:
+        names.update(store.refs.logged_names())
+    except (OSError, ValueError) as e:  # a damaged listing of histories (a flipped key)
+        found.add(REF_HISTORY, "", f"the ref histories cannot be listed: {e}")
+    for name in sorted(names):
+        for message in store.refs.check_history(name):
+            # one ref may have several problems: each is kept
+            found.found.setdefault(
+                (REF_HISTORY, f"{name}\x00{message}"), Problem(REF_HISTORY, name, message, name)
+            )
 
 
 def verify_closure(

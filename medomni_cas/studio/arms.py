@@ -82,7 +82,9 @@ class ArmBuild:
         return cohort
 
     def variants(self, folder: TemplateFolder) -> list[Variant]:
-        return [Variant("", tuple(folder.template.input.families))]
+        # the patient's whole record (the build cuts the guarded families): a template's
+        # `input` is the proposal's record, never a mask
+        return [Variant("", folder.dataset.families)]
 
 
 class LadderArm(ArmBuild):

@@ -29,12 +29,13 @@ import pyarrow as pa
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
-from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build
+from medomni_cas.studio.arms import BUILDER, ArmBuild, Variant, arm_build, arm_label
 from medomni_cas.studio.arrays import array_digest
+from medomni_cas.studio.cohorts import PREFIX_KEY, nested_prefix
 from medomni_cas.studio.errors import BuildError, VersionError
 from medomni_cas.studio.evidence import Selection, evidence_files, select_cohort
 from medomni_cas.studio.folders import TemplateFolder, find_template, load_template
-from medomni_cas.studio.labels import read_table
+from medomni_cas.studio.labels import Recipe, read_table
 from medomni_cas.studio.records import (
     COMPARABILITY,
     AnswerKey,
@@ -47,8 +48,9 @@ from medomni_cas.studio.records import (
     TargetShape,
 )
 from medomni_cas.studio.refnames import build_cache_ref, pair_ref
-from medomni_cas.studio.schema import LADDER_ARM, Dataset, SpecError, Version
+from medomni_cas.studio.schema import LADDER_ARM, Cohort, Dataset, SpecError, Template, Version
 from medomni_cas.studio.signoff import check_signoff
+from medomni_cas.studio.specfile import convert
 
 __all__ = [
     "BUILDER_VERSION",
@@ -56,8 +58,10 @@ __all__ = [
     "BuildError",
     "Built",
     "VersionError",
+    "build_configs",
     "build_pair",
     "config_for",
+    "config_problems",
 ]
 
 BUILDER_VERSION = "1.0.0"
@@ -98,6 +102,12 @@ def config_for(
     del template["targets"]
     cohort_dict = _builtins(cohort)
     del cohort_dict["version"]
+    if not cohort_dict.get("selection"):
+        # the first rule is no key at all, so cohorts written before it keep their ids
+        cohort_dict.pop("selection", None)
+    prefix = nested_prefix(folder.cohorts, cohort_name)
+    if prefix:  # what the nested rule reads of the smaller cohorts, for a rebuild
+        cohort_dict[PREFIX_KEY] = prefix
     labels = {t.label: _builtins(ds.label(t.label)) for t in tpl.targets}
     cfg = BuildConfig(
         pair=f"{folder.name}@{cohort_name}",
@@ -224,9 +234,15 @@ class _Content:
 
 
 def _content(
-    store: Store, folder: TemplateFolder, cohort: str, root: Path, tables: dict[str, pa.Table]
+    store: Store,
+    folder: TemplateFolder,
+    cohort: str,
+    root: Path,
+    tables: dict[str, pa.Table],
+    cfg: BuildConfig,
 ) -> _Content:
-    co = select_cohort(folder, cohort, tables)
+    # the selection rule is the one the config records, not the one the files would pick
+    co = select_cohort(folder, cohort, tables, cfg.cohort.get(PREFIX_KEY, ()))
     files, family_of = evidence_files(folder, root, tables, co)
     trees = _put_files(store, {p: files[p] for p in co.patients})
     names = [str(p) for p in co.patients]
@@ -365,7 +381,7 @@ def build_pair(
                 say(f"{folder.name}@{cohort}: selecting the cohort and writing evidence")
                 if tables is None:
                     tables = {t.name: read_table(root / t.file) for t in folder.dataset.tables}
-                contents[cohort] = _content(store, folder, cohort, root, tables)
+                contents[cohort] = _content(store, folder, cohort, root, tables, cfg)
             say(f"{cfg.pair}: rendering {ab.name}{'.' + v.name if v.name else ''}")
             result = store.put(_render(store, folder, cfg, ab, v, contents[cohort]))
             store.refs.add_if_new(cache, result, f"build {cfg.pair} {ab.name} {v.name}".strip())
@@ -375,4 +391,92 @@ def build_pair(
                 ref, _set_to(result), message=f"build {cfg.pair} version {cfg.version}"
             )
         out.append(Built(cfg.pair, ab.name, v.name, result, cfg_id, cached))
+    return out
+
+
+# -- from configs alone ---------------------------------------------------------------------
+def config_problems(cfg: BuildConfig, dataset: Dataset) -> list[str]:
+    """What keeps ``cfg`` from building to its published ids here: another builder, or a
+    dataset card (one's own ``dataset.yaml``) of another dataset or release."""
+    out = []
+    for f, have, what in (
+        ("builder", BUILDER, "this builder"),
+        ("builder_version", BUILDER_VERSION, "this builder"),
+        ("dataset", dataset.name, "your dataset.yaml"),
+        ("dataset_release", dataset.release, "your dataset.yaml"),
+    ):
+        if getattr(cfg, f) != have:
+            out.append(f"{f}: published {getattr(cfg, f)}, {what} {have}")
+    return out
+
+
+def _folder_of(cfg: BuildConfig, dataset: Dataset) -> tuple[TemplateFolder, str]:
+    """The template folder ``cfg`` was built from, as far as Build reads one, from the
+    config alone: its template, its one cohort and its labels, over one's own dataset."""
+    template, _, cohort = cfg.pair.partition("@")
+    where = f"the published config of {cfg.pair} ({cfg.arm})"
+    labels = tuple(convert(v, Recipe, where) for v in cfg.labels.values())
+    ds = msgspec.structs.replace(dataset, labels=labels)
+    tpl = convert({**cfg.template, "targets": list(cfg.targets)}, Template, where)
+    fields = {k: v for k, v in cfg.cohort.items() if k != PREFIX_KEY}
+    co = convert({**fields, "version": cfg.version}, Cohort, where)
+    return TemplateFolder(template, Path(template), ds, tpl, {cohort: co}, None), cohort
+
+
+def _arm_of(cfg: BuildConfig) -> tuple[ArmBuild, Variant]:
+    d = dict(cfg.arm_definition)
+    try:
+        parts = [d.pop(k) for k in ("description", "paragraph", "encoders", "families")]
+    except KeyError as e:
+        raise BuildError(
+            f"the published config of {cfg.pair} ({cfg.arm}): its arm definition has no "
+            f"{e.args[0]!r}; it was not made by {BUILDER}"
+        ) from None
+    description, paragraph, encoders, families = parts
+    arm = ArmBuild(cfg.arm, description, paragraph, encoders, extra=d)
+    return arm, Variant(cfg.arm_variant, tuple(families))
+
+
+def build_configs(
+    store: Store,
+    configs: Sequence[tuple[ObjectId, BuildConfig]],
+    dataset: Dataset,
+    *,
+    data_root: str | Path,
+    progress: Progress | None = None,
+) -> list[Built]:
+    """Build each config from itself and one's own data (``dataset``'s files under
+    ``data_root``), with no template, cohort or set file: one `Built` per config.
+
+    Everything Build reads is in the config (template, targets, cohort and its selection
+    rule, labels, the arm's paragraph and families); only the tables come from ``dataset``.
+    Refs: the rebuild cache only, so the pair's file-built history is left as it was.
+    """
+    root = Path(data_root)
+    digest = _data_digest(dataset, root)
+    say = progress or (lambda _msg: None)
+    tables: dict[str, pa.Table] | None = None
+    contents: dict[bytes, _Content] = {}  # (pair, cohort) -> content, shared by every arm
+    out: list[Built] = []
+    for cfg_id, cfg in configs:
+        if _id_of(cfg) != cfg_id:
+            raise BuildError(f"config {cfg_id}: its record does not encode to its id")
+        folder, cohort = _folder_of(cfg, dataset)
+        arm, variant = _arm_of(cfg)
+        cache = build_cache_ref(cfg_id, digest)
+        result = store.refs.get(cache)
+        cached = result is not None
+        if result is None:
+            key = _SORTED.encode([cfg.pair, cfg.cohort])
+            if key not in contents:
+                say(f"{cfg.pair}: selecting the cohort and writing evidence")
+                if tables is None:
+                    tables = {t.name: read_table(root / t.file) for t in dataset.tables}
+                contents[key] = _content(store, folder, cohort, root, tables, cfg)
+            say(f"{cfg.pair}: rendering {arm_label(cfg.arm, cfg.arm_variant)}")
+            result = store.put(_render(store, folder, cfg, arm, variant, contents[key]))
+            store.refs.add_if_new(
+                cache, result, f"rebuild {cfg.pair} {arm_label(cfg.arm, cfg.arm_variant)}"
+            )
+        out.append(Built(cfg.pair, cfg.arm, cfg.arm_variant, result, cfg_id, cached))
     return out

@@ -1,10 +1,11 @@
 """Cohort selection and each patient's evidence files, for Build.
 
 A cohort is every eligible patient in a seeded hash order, taken per class, so a smaller
-cohort with the same rules is within a larger one (n20 within n50). A patient's evidence is
-every row strictly before the prediction time (as `labels` reads "before") minus the
-targets' guards, as JSON lines with the table's column order, plus each array family's row
-as a ``.npy`` v1.0 file: the same data gives the same bytes anywhere.
+cohort with the same rules is within a larger one (n20 within n50), and with ``selection:
+nested`` its first patients. A patient's evidence is every row strictly before the
+prediction time (as `labels` reads "before") minus the targets' guards, as JSON lines with
+the table's column order, plus each array family's row as a ``.npy`` v1.0 file: the same
+data gives the same bytes anywhere.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,11 +69,18 @@ class Selection:
     answers: dict[Any, dict[str, Value]]
 
 
-def select_cohort(folder: TemplateFolder, name: str, tables: dict[str, pa.Table]) -> Selection:
+def select_cohort(
+    folder: TemplateFolder,
+    name: str,
+    tables: dict[str, pa.Table],
+    prefix: Sequence[Mapping[str, int]] = (),
+) -> Selection:
     """The cohort's patients: every eligible one in a seeded hash order, taken per class.
 
     The order depends only on the seed and the patient, so a smaller cohort with the same
-    rules is the first patients of a larger one (n20 within n50).
+    rules is within a larger one (n20 within n50). ``prefix``: the counts of the stages a
+    nested per-class cohort fills first (`medomni_cas.studio.cohorts`), as its build config
+    records them, so that the smaller cohorts' patients come first.
     """
     ds, c = folder.dataset, folder.cohorts[name]
     where = f"{folder.path}/cohorts/{name}.yaml"
@@ -103,23 +112,33 @@ def select_cohort(folder: TemplateFolder, name: str, tables: dict[str, pa.Table]
     if c.inclusion.labels_defined:
         times = {p: t for p, t in times.items() if None not in answers[p].values()}
     order = sorted(times, key=lambda p: blake3.blake3(f"{c.seed}\0{p}".encode()).digest())
-    chosen = _take(c, order, answers, where)
+    chosen = _take(c, order, answers, where, prefix)
     return Selection(chosen, {p: times[p] for p in chosen}, {p: answers[p] for p in chosen})
 
 
-def _take(c: Cohort, order: list[Any], answers: dict[Any, dict[str, Value]], where: str) -> list:
+def _take(
+    c: Cohort,
+    order: list[Any],
+    answers: dict[Any, dict[str, Value]],
+    where: str,
+    prefix: Sequence[Mapping[str, int]] = (),
+) -> list:
     if c.per_class is None:
         if len(order) < c.n:
             raise BuildError(f"{where}: n: {c.n} patients asked, {len(order)} are eligible")
         return order[: c.n]
     label, want = c.per_class.label, dict(c.per_class.counts)
     got: dict[str, int] = dict.fromkeys(want, 0)
-    chosen = []
-    for p in order:
-        cls = answers[p][label]
-        if isinstance(cls, str) and got.get(cls, 0) < want.get(cls, 0):
-            got[cls] += 1
-            chosen.append(p)
+    chosen: list[Any] = []
+    taken: set[Any] = set()
+    # one stage per smaller cohort, then this one's: without a prefix, one scan of the order
+    for stage in (*prefix, want):
+        for p in order:
+            cls = answers[p][label]
+            if p not in taken and isinstance(cls, str) and got.get(cls, 0) < stage.get(cls, 0):
+                got[cls] = got.get(cls, 0) + 1
+                chosen.append(p)
+                taken.add(p)
     short = [f"{k}: {got[k]} of {n}" for k, n in want.items() if got[k] < n]
     if short:
         raise BuildError(

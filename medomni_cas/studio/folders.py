@@ -1,12 +1,13 @@
 """Loading a studio's folders: datasets, templates with their cohorts and ladder, task sets
 and benchmarks, each checked against the others (a target's label exists in its dataset, a
-set's pair is pinned at its cohort's N)."""
+set's pair is pinned at its cohort's N, or below it once the pair moved on: a frozen pair)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from medomni_cas.studio.cohorts import NestingError, nested_prefix, not_first
 from medomni_cas.studio.labels import Guard
 from medomni_cas.studio.schema import (
     LADDER_ARM,
@@ -17,6 +18,7 @@ from medomni_cas.studio.schema import (
     Ladder,
     TaskSet,
     Template,
+    Version,
 )
 from medomni_cas.studio.specfile import (
     Doc,
@@ -29,6 +31,7 @@ from medomni_cas.studio.specfile import (
 
 __all__ = [
     "BenchmarkFolder",
+    "FrozenPair",
     "Studio",
     "TemplateFolder",
     "find_template",
@@ -37,8 +40,10 @@ __all__ = [
     "load_dataset",
     "load_ladder",
     "load_set",
+    "load_set_with_frozen",
     "load_studio",
     "load_template",
+    "nesting_notes",
 ]
 
 
@@ -100,12 +105,19 @@ def load_template(directory: str | Path, *, dataset: Dataset | None = None) -> T
     check_named(doc, "name", tpl.name, d.name, "folder")
     _check_template(doc, tpl, ds)
     cohorts: dict[str, Cohort] = {}
+    docs: dict[str, Doc] = {}
     for path in sorted((d / "cohorts").glob("*.yaml")):
         cohort, cdoc = load_with_doc(path, Cohort)
         if msg := bad_name(path.stem):
             raise SpecError(path, None, "", f"cohort file name: {msg}")
         _check_cohort(cdoc, cohort, tpl, ds)
         cohorts[path.stem] = cohort
+        docs[path.stem] = cdoc
+    for name, cdoc in docs.items():
+        try:
+            nested_prefix(cohorts, name)
+        except NestingError as e:
+            raise cdoc.error("selection", str(e)) from None
     ladder = None
     ladder_path = d / "arms" / f"{LADDER_ARM}.yaml"
     if ladder_path.exists():
@@ -168,6 +180,33 @@ def _check_cohort(doc: Doc, cohort: Cohort, tpl: Template, ds: Dataset) -> None:
             raise doc.error("per_class.counts", f"no class {cls!r} in {name} (has: {known})")
 
 
+def nesting_notes(studio: str | Path, pairs: list[str]) -> list[str]:
+    """A line for each of ``pairs`` whose smaller cohorts are within it but not its first
+    patients: it keeps the first selection rule, so that it keeps its ids; the letter of
+    the Tasks document ("the patients of n20 are the first ones of n50") needs
+    ``selection: nested`` in its file, and with it a new N."""
+    out = []
+    folders: dict[str, TemplateFolder] = {}
+    for pair in dict.fromkeys(pairs):
+        template, _, cohort = pair.partition("@")
+        if template not in folders:
+            path = find_template(studio, template)
+            if path is None:
+                continue
+            folders[template] = load_template(path)
+        tf = folders[template]
+        if cohort not in tf.cohorts:
+            continue
+        smaller = not_first(tf.cohorts, cohort)
+        if smaller:
+            out.append(
+                f"{pair}: the patients of {', '.join(smaller)} are within it, not its first "
+                f"ones; `selection: nested` in {tf.path / 'cohorts' / cohort}.yaml makes them "
+                "so (the order changes: a new N)"
+            )
+    return out
+
+
 def find_template(studio: str | Path, name: str) -> Path | None:
     """The folder of template ``name`` under ``studio/datasets/*/tasks/``."""
     hits = sorted(Path(studio).glob(f"datasets/*/tasks/{name}/template.yaml"))
@@ -207,14 +246,39 @@ def _studio_of(set_path: Path) -> Path:
     return parents[4] / "studio"
 
 
+@dataclass(frozen=True)
+class FrozenPair:
+    """A pair a set pins below its cohort's N: the set keeps the pair's last build, which
+    no file can make again ("a new N enters only a new task set")."""
+
+    task: str
+    pinned: int  # the set's N
+    version: Version  # the cohort file's, now
+    where: str  # "<set file>:<line>: pairs[i].n", for messages
+
+    def __str__(self) -> str:
+        return f"{self.task} frozen at N={self.pinned} (its cohort file is at {self.version})"
+
+
 def load_set(path: str | Path, *, studio: str | Path | None = None) -> TaskSet:
     """``sets/<set>.yaml``, checked against the studio (by default the ``studio`` folder
-    beside ``bench``): every pair exists and is pinned at its cohort's N."""
+    beside ``bench``): every pair exists and is pinned at its cohort's N, or below it
+    (a frozen pair, see `FrozenPair`)."""
+    return load_set_with_frozen(path, studio=studio)[0]
+
+
+def load_set_with_frozen(
+    path: str | Path, *, studio: str | Path | None = None
+) -> tuple[TaskSet, dict[str, FrozenPair]]:
+    """`load_set`, with the set's frozen pairs by task."""
     p = Path(path)
     return _load_set(p, Path(studio) if studio is not None else _studio_of(p), {})
 
 
-def _load_set(p: Path, studio: Path, templates: dict[str, TemplateFolder]) -> TaskSet:
+def _load_set(
+    p: Path, studio: Path, templates: dict[str, TemplateFolder]
+) -> tuple[TaskSet, dict[str, FrozenPair]]:
+    frozen: dict[str, FrozenPair] = {}
     ts, doc = load_with_doc(p, TaskSet)
     if msg := bad_name(p.stem):
         raise SpecError(p, None, "", f"set file name: {msg}")
@@ -233,27 +297,32 @@ def _load_set(p: Path, studio: Path, templates: dict[str, TemplateFolder]) -> Ta
             raise doc.error(
                 f"pairs[{i}].task", f"template {tf.name} has no cohort {pair.cohort!r} ({have})"
             )
-        if cohort.version.n != pair.n:
+        if cohort.version.n < pair.n:
             raise doc.error(
                 f"pairs[{i}].n",
                 f"pinned at N={pair.n}, but {pair.task} is at version {cohort.version}",
             )
+        if cohort.version.n > pair.n:  # the pair moved on: this set keeps its last build
+            where = f"{p}:{doc.line(['pairs', i, 'n'])}: pairs[{i}].n"
+            frozen[pair.task] = FrozenPair(pair.task, pair.n, cohort.version, where)
         if LADDER_ARM in ts.arms and tf.ladder is None:
             raise doc.error(
                 f"arms[{ts.arms.index(LADDER_ARM)}]",
                 f"{pair.task} has no arms/{LADDER_ARM}.yaml for this arm",
             )
-    return ts
+    return ts, frozen
 
 
 @dataclass(frozen=True)
 class BenchmarkFolder:
-    """``bench/benchmarks/<benchmark>/``: the card and its task sets by set name."""
+    """``bench/benchmarks/<benchmark>/``: the card and its task sets by set name, and each
+    set's frozen pairs (pinned below their cohort's N) by set name and task."""
 
     name: str
     path: Path
     card: Benchmark
     sets: dict[str, TaskSet]
+    frozen: dict[str, dict[str, FrozenPair]] = field(default_factory=dict)
 
 
 def load_benchmark(directory: str | Path, *, studio: str | Path | None = None) -> BenchmarkFolder:
@@ -263,7 +332,8 @@ def load_benchmark(directory: str | Path, *, studio: str | Path | None = None) -
     check_named(doc, "name", card.name, d.name, "folder")
     cache: dict[str, TemplateFolder] = {}  # sets share templates: load each once
     sets: dict[str, TaskSet] = {}
+    frozen: dict[str, dict[str, FrozenPair]] = {}
     for p in sorted((d / "sets").glob("*.yaml")):
         root = Path(studio) if studio is not None else _studio_of(p)
-        sets[p.stem] = _load_set(p, root, cache)
-    return BenchmarkFolder(card.name, d, card, sets)
+        sets[p.stem], frozen[p.stem] = _load_set(p, root, cache)
+    return BenchmarkFolder(card.name, d, card, sets, frozen)

@@ -5,7 +5,8 @@ Namespace
 Each prefix, what its refs point at, and who moves them::
 
     tasksets/<benchmark>/<set>       the set's `TaskSetRecord`; an update    tasksets
-                                     that does not only grow is refused
+                                     that does not only grow is refused,
+                                     on every path (`refpolicy`)
     studio/sets/<benchmark>/<set>    the set's latest `SetBuild` (it moves   tasksets
                                      with X rises)
     studio/pairs/<pair>/<arm label>  the pair's last `BuildResult` under     build

@@ -26,7 +26,9 @@ __all__ = [
     "ARMS",
     "LADDER_ARM",
     "METRICS",
+    "NESTED",
     "RUNGS",
+    "SELECTIONS",
     "Agent",
     "ArrayFamily",
     "Benchmark",
@@ -68,6 +70,9 @@ LADDER_ARM = "modality-ladder"
 RUNGS = tuple(f"r{i}" for i in range(1, 7))
 ROUTE_POLICIES = ("allow", "deny", "conditional")
 EVIDENCE_BUILT = "default"
+#: A cohort's selection rules: "" (left out) the first one, "nested" (see `Cohort`).
+SELECTIONS = ("", "nested")
+NESTED = "nested"
 TABLE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
 
 
@@ -245,7 +250,9 @@ class Target(Spec, frozen=True, kw_only=True):
 
 
 class Input(Spec, frozen=True, kw_only=True):
-    """The tables and families the proposal named, kept as a record.
+    """The tables and families the proposal named, kept as a record: it masks nothing, the
+    evidence is the patient's whole record minus the targets' guards (only the modality
+    ladder's rungs stage part of it, from these families).
 
     Fields:
         tables: Tables of the dataset the proposal named.
@@ -436,12 +443,13 @@ class PerClass(Spec, frozen=True, kw_only=True):
 class Cohort(Spec, frozen=True, kw_only=True):
     """``tasks/<template>/cohorts/<cohort>.yaml``; its name is the file's stem.
 
-    Who is included, at which prediction time, and how many. The patients of a smaller cohort
-    are the first ones of a larger one with the same recipe and seed.
+    Who is included, at which prediction time, and how many. Without ``per_class`` the
+    patients of a smaller cohort are the first ones of a larger one with the same recipe and
+    seed; with it, ``selection: nested`` makes them so.
 
     Fields:
         version: The task's version N.X, written as text such as ``"1.0"``: N rises when
-            results stop being comparable, X for any other change.
+            results stop being comparable, X for any other change. Tasks start at 1.0.
         description: Who the cohort holds, for people.
         inclusion: Who is in.
         prediction_time: When each patient's prediction is made.
@@ -449,7 +457,14 @@ class Cohort(Spec, frozen=True, kw_only=True):
         per_class: How many patients of each class of one classification target; without it,
             the first ``n`` eligible patients in the seeded order.
         seed: The seed of the patients' order: with the same seed, a smaller cohort's
-            patients come first in a larger one.
+            patients are within a larger one (its first ones without ``per_class``, or
+            with ``selection: nested``).
+        selection: ``nested``: the patients of every smaller cohort of the template with
+            the same recipe (inclusion, prediction time, seed, per-class label) come first,
+            in their own order, then this cohort's others. Left out, a per-class cohort
+            takes each class's first patients in the seeded order, in that order (the rule
+            cohorts were built with before it existed, kept so that they keep their ids):
+            a smaller cohort is within it, not its first patients.
     """
 
     version: Version
@@ -459,8 +474,16 @@ class Cohort(Spec, frozen=True, kw_only=True):
     n: int
     per_class: PerClass | None = None
     seed: int = 0
+    selection: str = ""
 
     def problems(self) -> Problems:
+        if self.version.n < 1:
+            yield "version", f"tasks start at 1.0; got {self.version}"
+        if self.selection not in SELECTIONS:
+            yield (
+                "selection",
+                f"must be {' or '.join(SELECTIONS[1:])}, or left out; got {self.selection!r}",
+            )
         if self.n < 1:
             yield "n", "a cohort holds at least one patient"
         if self.per_class is not None and sum(self.per_class.counts.values()) != self.n:
@@ -568,8 +591,8 @@ class Pair(Spec, frozen=True, kw_only=True):
     def problems(self) -> Problems:
         if self.task.count("@") != 1 or not all(self.task.split("@")):
             yield "task", f"a pair is written <template>@<cohort>; got {self.task!r}"
-        if self.n < 0:
-            yield "n", "a version N is a whole number"
+        if self.n < 1:
+            yield "n", f"tasks start at 1.0: N is at least 1; got {self.n}"
 
     @property
     def template(self) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "Version",
     "bad_name",
     "check_named",
+    "convert",
     "load_with_doc",
     "load_yaml",
     "not_relative",
@@ -377,6 +378,15 @@ def load_with_doc[T](path: str | Path, tp: type[T]) -> tuple[T, Doc]:
     if first is not None:
         raise doc.error(_render(first[0]) or "(top level)", first[1])
     return obj, doc
+
+
+def convert[T](data: Any, tp: type[T], where: str) -> T:
+    """Builtins (such as a build config's ``template``) back into the schema ``tp``; a
+    `SpecError` naming ``where`` if they do not fit it."""
+    try:
+        return msgspec.convert(data, tp, dec_hook=_dec_hook)
+    except (msgspec.ValidationError, ValueError) as e:
+        raise SpecError(where, None, "", str(e)) from None
 
 
 def load_yaml[T](path: str | Path, tp: type[T]) -> T:

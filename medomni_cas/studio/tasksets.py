@@ -5,9 +5,14 @@
   an update that drops a pair or an arm, changes a pair's N or the builder is refused.
 * A ``SetBuild`` ties the set to the `BuildResult` of every pair under every arm (and rung);
   ``studio/sets/<benchmark>/<set>`` points at the latest one (it moves with X rises).
-* ``publish(configs_only=True)`` writes a bundle whose closure holds the set, the card and
-  the build configs, with the ids they built to as text: no patient data, no answers.
-  ``rebuild`` builds the same set from one's own data and compares, pair by pair.
+* ``publish`` writes, by default, a bundle whose closure holds the set, the card and the
+  build configs, with the ids they built to as text: no patient data, no answers. Only
+  ``with_data=True`` writes the whole build (evidence and answer keys), and never for a
+  set that reads a credentialed dataset. The bundle's manifest says which it holds
+  (`HOLDS`). ``rebuild`` builds every published config from itself and one's own dataset
+  (no set file or template is read) and compares the ids, pair by pair.
+* A pair a set pins below its cohort's N is frozen (`FrozenPair`): the set keeps the pair's
+  last build, since a new N enters only a new task set, and cannot change any more.
 
 modality-ladder renders from its ladder cohort: in a set it is built for the pairs on that
 cohort, and a set that lists the arm but no pair on some template's ladder cohort is refused.
@@ -21,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medomni_cas.errors import MedomniError
+from medomni_cas.store import encoding
 from medomni_cas.store.bundle import BundleInfo, export_bundle, import_bundle, read_bundle_header
-from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_build
 from medomni_cas.studio.benchmarks import benchmark_card, open_benchmark, split_set_name
-from medomni_cas.studio.build import Built, build_pair
-from medomni_cas.studio.folders import find_template, load_dataset, load_template
+from medomni_cas.studio.build import Built, build_configs, build_pair, config_problems
+from medomni_cas.studio.folders import FrozenPair, find_template, load_dataset, load_template
 from medomni_cas.studio.records import (
     BuildConfig,
     BuildResult,
@@ -39,9 +45,12 @@ from medomni_cas.studio.records import (
     TaskSetRecord,
 )
 from medomni_cas.studio.refnames import TASK_SET_REFS, published_ref, set_build_ref, task_set_ref
-from medomni_cas.studio.schema import LADDER_ARM, TaskSet
+from medomni_cas.studio.schema import LADDER_ARM, Dataset, TaskSet, Version
 
 __all__ = [
+    "CONFIGS_ONLY",
+    "HOLDS",
+    "WITH_DATA",
     "RebuildRow",
     "SetView",
     "SetBuilt",
@@ -118,10 +127,50 @@ class SetBuilt:
     task_set: ObjectId
     build: ObjectId
     builds: list[Built]
+    #: pairs pinned below their cohort's N, kept from the set's last build
+    frozen: tuple[FrozenPair, ...] = ()
 
     @property
     def cached(self) -> bool:
         return all(b.cached for b in self.builds)
+
+
+def _kept_entries(
+    store: Store, name: str, rec: TaskSetRecord, frozen: dict[str, FrozenPair]
+) -> dict[str, list[SetEntry]]:
+    """The last build's entries of each frozen pair: the set keeps them, since no file can
+    build the pair at its N again. Refused when the set changed since (a frozen set cannot
+    grow) or this store has no build of it."""
+    first = next(iter(frozen.values()))
+    what = (
+        f"task set {name} is frozen at N={first.pinned} for {first.task} (its cohort file "
+        f"is at {first.version})"
+    )
+    rid = hash_bytes(encoding.encode(rec))
+    current = store.refs.get(task_set_ref(name))
+    sb_id = store.refs.get(set_build_ref(name))
+    sb = store.get(sb_id, SetBuild) if sb_id is not None else None
+    if current is not None and current != rid:
+        raise TaskSetError(
+            f"{first.where}: {what}: it keeps its last build and cannot change; add pairs "
+            "or arms to a new task set (such as v2)"
+        )
+    if current is None or sb is None or sb.task_set != rid:
+        raise TaskSetError(
+            f"{first.where}: {what}, and {store.url} has no build of it: rebuild it from "
+            "its published bundle (`medomni studio taskset rebuild BUNDLE`) or pull it "
+            f"from a store that has it (a new set pins the cohort's N, {first.version.n})"
+        )
+    kept: dict[str, list[SetEntry]] = {}
+    for task, fp in frozen.items():
+        entries = [e for e in sb.entries if e.pair == task]
+        if not entries or any(Version.parse(e.version).n != fp.pinned for e in entries):
+            raise TaskSetError(
+                f"{fp.where}: {fp}, and the last build of {name} has no build of it at "
+                f"N={fp.pinned}"
+            )
+        kept[task] = entries
+    return kept
 
 
 def _plan(ts: TaskSet, studio: Path, name: str) -> list[tuple[str, str, list[str]]]:
@@ -173,14 +222,16 @@ def build_set(
         have = ", ".join(folder.sets) or "none"
         raise TaskSetError(f"benchmark {bench_name} has no set {set_name!r} (have: {have})")
     ts = folder.sets[set_name]
+    frozen = folder.frozen.get(set_name, {})
     for arm in ts.arms:
         arm_build(ts.builder, arm)  # a builder refuses an arm it does not support, up front
     rec = task_set_record(name, ts)
     old = store.refs.get(task_set_ref(name))
     if old is not None:  # refuse before building anything (an unchanged set passes)
         check_grows(store.get(old, TaskSetRecord), rec)
+    kept = _kept_entries(store, name, rec, frozen) if frozen else {}
     built: list[Built] = []
-    plan = _plan(ts, Path(studio), name)
+    plan = [p for p in _plan(ts, Path(studio), name) if f"{p[0]}@{p[1]}" not in frozen]
     if shard is not None:
         plan = plan[shard[0] :: shard[1]]
     for template, cohort, arms in plan:
@@ -190,14 +241,17 @@ def build_set(
         built += pair
         if on_pair is not None:
             on_pair(f"{template}@{cohort}", pair)
+    for task in frozen:
+        if on_pair is not None:
+            on_pair(task, [])
     if shard is not None:
         return None
     rid = record_task_set(store, rec)
     store.put(benchmark_card(folder))
-    entries = []
+    by_pair: dict[str, list[SetEntry]] = dict(kept)
     for b in built:
         result = store.get(b.result, BuildResult)
-        entries.append(
+        by_pair.setdefault(b.pair, []).append(
             SetEntry(
                 pair=b.pair,
                 version=result.version,
@@ -207,10 +261,12 @@ def build_set(
                 result=b.result,
             )
         )
+    # in the set file's order, frozen pairs in theirs: an unchanged set keeps its build's id
+    entries = [e for p in ts.pairs for e in by_pair.get(p.task, [])]
     sb = store.put(SetBuild(task_set=rid, entries=tuple(entries)))
     if store.refs.get(set_build_ref(name)) != sb:
         store.refs.update(set_build_ref(name), lambda _old: sb, message=f"build {name}")
-    return SetBuilt(name, rid, sb, built)
+    return SetBuilt(name, rid, sb, built, tuple(frozen.values()))
 
 
 @dataclass(frozen=True)
@@ -256,36 +312,49 @@ def _credentialed(store: Store, studio: Path | None, entries: tuple[SetEntry, ..
     return out
 
 
+#: The manifest key of a published bundle (`publish`) saying what it holds, and its values.
+HOLDS = "holds"
+CONFIGS_ONLY = "configs-only"
+WITH_DATA = "with-data"
+
+
 def publish(
     store: Store,
     name: str,
     path: str | os.PathLike[str],
     *,
-    configs_only: bool = True,
+    with_data: bool = False,
     studio: str | Path | None = None,
     bench: str | Path | None = None,
 ) -> BundleInfo:
     """Write ``<benchmark>/<set>``'s bundle to ``path``.
 
-    ``configs_only``: the set, its benchmark card and every build config, with the ids they
-    built to as text (a `PublishedSet`). Otherwise the whole build, answers included, which
-    is refused for a set that reads a credentialed dataset (or one the studio does not show).
+    By default the set, its benchmark card and every build config, with the ids they
+    built to as text (a `PublishedSet`): no patient data, no answers. ``with_data``: the
+    whole build, evidence and answer keys included, which is refused for a set that reads
+    a credentialed dataset (``credentialed: true`` in its ``dataset.yaml``, or one the
+    studio does not show). The manifest says which (``holds``: `CONFIGS_ONLY` or
+    `WITH_DATA`, and ``task_set``: the name).
     """
     view = show_set(store, name)
     if not view.entries:
         raise TaskSetError(f"task set {name} has no build; run `medomni studio taskset build`")
     studio_path = Path(studio) if studio is not None else None
     refs = {task_set_ref(name): view.task_set}
-    if not configs_only:
+    if with_data:
         cred = _credentialed(store, studio_path, view.entries)
         if cred:
             raise TaskSetError(
                 f"task set {name} reads credentialed data ({', '.join(cred)}); only its "
-                "configs may leave this store: publish with --configs-only"
+                "configs may leave this store: publish it without --with-data"
             )
         assert view.build is not None
         return export_bundle(
-            store, [view.build], path, refs=refs | {set_build_ref(name): view.build}
+            store,
+            [view.build],
+            path,
+            refs=refs | {set_build_ref(name): view.build},
+            manifest={HOLDS: WITH_DATA, "task_set": name},
         )
     bench_name, _ = split_set_name(name)
     if studio_path is None:
@@ -308,7 +377,13 @@ def publish(
             )
         )
     pub = store.put(PublishedSet(task_set=view.task_set, benchmark=card, entries=tuple(entries)))
-    return export_bundle(store, [pub], path, refs=refs | {published_ref(name): pub})
+    return export_bundle(
+        store,
+        [pub],
+        path,
+        refs=refs | {published_ref(name): pub},
+        manifest={HOLDS: CONFIGS_ONLY, "task_set": name},
+    )
 
 
 @dataclass(frozen=True)
@@ -318,7 +393,7 @@ class RebuildRow:
     pair: str
     arm: str
     arm_variant: str
-    status: str  # "match" | "config differs" | "data differs" | "not built"
+    status: str  # "match" | "config differs" | "data differs"
     detail: str = ""
 
     @property
@@ -326,64 +401,129 @@ class RebuildRow:
         return self.status == "match"
 
 
-def _config_diff(a: BuildConfig, b: BuildConfig) -> str:
-    fields = [f for f in BuildConfig.__struct_fields__ if getattr(a, f) != getattr(b, f)]
-    return "fields: " + ", ".join(fields)
+def _datasets(
+    names: list[str], studio: Path | None, dataset: Path | None
+) -> dict[str, tuple[Dataset, Path]]:
+    """One's own card of each dataset the configs read, and its folder: ``dataset`` (a
+    folder holding ``dataset.yaml``), else ``<studio>/datasets/<name>/``."""
+    out: dict[str, tuple[Dataset, Path]] = {}
+    given = (load_dataset(dataset), dataset) if dataset is not None else None
+    for ds_name in names:
+        if given is not None and given[0].name == ds_name:
+            out[ds_name] = given
+            continue
+        folder = studio / "datasets" / ds_name if studio is not None else None
+        if folder is None or not (folder / "dataset.yaml").is_file():
+            if folder is not None:
+                where = f"{folder}/dataset.yaml is missing"
+            elif given is not None:
+                where = f"{dataset} holds dataset {given[0].name}"
+            else:
+                where = "none was given"
+            raise TaskSetError(
+                f"the set reads dataset {ds_name}: a rebuild builds it from your own copy "
+                f"({where}); pass --dataset DIR, the folder holding its dataset.yaml (or "
+                "--studio DIR holding datasets/<name>/)"
+            )
+        out[ds_name] = (load_dataset(folder), folder)
+    return out
 
 
 def rebuild(
     store: Store,
     bundle: str | os.PathLike[str],
     *,
-    studio: str | Path,
-    bench: str | Path | None,
+    studio: str | Path | None = None,
+    bench: str | Path | None = None,
+    dataset: str | Path | None = None,
     data_root: str | Path | None = None,
     progress: Progress | None = None,
 ) -> tuple[str, list[RebuildRow]]:
     """Build the set a configs-only bundle describes from one's own data; compare the ids.
 
     The bundle is verified and its objects (configs only) are added to ``store`` first.
-    Returns the set's name and one row per published pair, arm and variant.
+    Every pair is built from its published config alone: no set file, template or cohort
+    file is read (``bench`` is not needed; it is accepted for callers that pass it), only
+    one's own card of each dataset the configs name (``dataset``, or under
+    ``<studio>/datasets/``) and its data (``data_root``, default the card's folder). When
+    every id matches, the set and its build are recorded here as the publisher's, ready
+    to run. Returns the set's name and one row per published pair, arm and variant.
     """
+    del bench  # a rebuild reads the bundle, never the publisher's benchmark folder
     header = read_bundle_header(bundle)
     import_bundle(store, bundle, refs=False)
-    pubs = [ObjectId.from_hex(r) for r in header.roots]
-    if len(pubs) != 1 or store.kind(pubs[0]) != PublishedSet.__kind__:
+    roots = [ObjectId.from_hex(r) for r in header.roots]
+    # other roots (a manifest, say) may ride along; the set is the one `PublishedSet`
+    pubs = [r for r in roots if store.kind(r) == PublishedSet.__kind__]
+    if len(pubs) != 1:
         raise TaskSetError(
             f"{os.fspath(bundle)}: not a configs-only task set bundle "
-            "(`medomni studio taskset publish --configs-only`)"
+            "(`medomni studio taskset publish`, without --with-data)"
         )
     pub = store.get(pubs[0], PublishedSet)
     published_set = store.get(pub.task_set, TaskSetRecord)
     name = published_set.name
-    built = build_set(
-        store, name, studio=studio, bench=bench, data_root=data_root, progress=progress
+    configs = {e.config: store.get(e.config, BuildConfig) for e in pub.entries}
+    own = _datasets(
+        sorted({c.dataset for c in configs.values()}),
+        Path(studio) if studio is not None else None,
+        Path(dataset) if dataset is not None else None,
     )
-    assert built is not None  # unsharded
-    if built.task_set != pub.task_set:
-        raise TaskSetError(
-            f"task set {name}: the local sets file differs from the published one "
-            f"(task set hash {built.task_set} here, {pub.task_set} published)"
-        )
-    ours = {(b.pair, b.arm, b.variant): b for b in built.builds}
-    rows = []
+    rows: list[RebuildRow | None] = []
+    todo: dict[str, list[tuple[ObjectId, BuildConfig]]] = {}
     for e in pub.entries:
-        b = ours.get((e.pair, e.arm, e.arm_variant))
-        if b is None:
-            rows.append(RebuildRow(e.pair, e.arm, e.arm_variant, "not built"))
-            continue
-        if b.config != e.config:
-            diff = _config_diff(store.get(e.config, BuildConfig), store.get(b.config, BuildConfig))
-            rows.append(RebuildRow(e.pair, e.arm, e.arm_variant, "config differs", diff))
-        elif b.result.hex() != e.result:
-            result = store.get(b.result, BuildResult)
-            theirs = set(e.atoms)
-            differ = sum(1 for a in result.atoms if a.hex() not in theirs)
-            differ += max(0, len(e.atoms) - len(result.atoms))
-            detail = f"{differ} of {len(e.atoms)} atom tasks differ"
-            if result.content.hex() == e.content:
-                detail += "; the evidence matches (the answers differ)"
-            rows.append(RebuildRow(e.pair, e.arm, e.arm_variant, "data differs", detail))
+        cfg = configs[e.config]
+        problems = config_problems(cfg, own[cfg.dataset][0])
+        if problems:
+            rows.append(
+                RebuildRow(e.pair, e.arm, e.arm_variant, "config differs", "; ".join(problems))
+            )
         else:
-            rows.append(RebuildRow(e.pair, e.arm, e.arm_variant, "match"))
-    return name, rows
+            rows.append(None)
+            todo.setdefault(cfg.dataset, []).append((e.config, cfg))
+    ours: dict[ObjectId, Built] = {}
+    for ds_name, cfgs in todo.items():
+        card, folder = own[ds_name]
+        root = Path(data_root) if data_root is not None else folder
+        for b in build_configs(store, cfgs, card, data_root=root, progress=progress):
+            ours[b.config] = b
+    out: list[RebuildRow] = []
+    for e, row in zip(pub.entries, rows, strict=True):
+        if row is not None:
+            out.append(row)
+            continue
+        b = ours[e.config]
+        if b.result.hex() == e.result:
+            out.append(RebuildRow(e.pair, e.arm, e.arm_variant, "match"))
+            continue
+        result = store.get(b.result, BuildResult)
+        theirs = set(e.atoms)
+        differ = sum(1 for a in result.atoms if a.hex() not in theirs)
+        differ += max(0, len(e.atoms) - len(result.atoms))
+        detail = f"{differ} of {len(e.atoms)} atom tasks differ"
+        if result.content.hex() == e.content:
+            detail += "; the evidence matches (the answers differ)"
+        out.append(RebuildRow(e.pair, e.arm, e.arm_variant, "data differs", detail))
+    if all(r.ok for r in out):
+        _record_published(store, pub, published_set)
+    return name, out
+
+
+def _record_published(store: Store, pub: PublishedSet, rec: TaskSetRecord) -> None:
+    """The publisher's set and set build, recorded here once every id matched."""
+    record_task_set(store, rec)
+    entries = tuple(
+        SetEntry(
+            pair=e.pair,
+            version=e.version,
+            arm=e.arm,
+            arm_variant=e.arm_variant,
+            config=e.config,
+            result=ObjectId.from_hex(e.result),
+        )
+        for e in pub.entries
+    )
+    sb = store.put(SetBuild(task_set=pub.task_set, entries=entries))
+    ref = set_build_ref(rec.name)
+    if store.refs.get(ref) != sb:
+        store.refs.update(ref, lambda _old: sb, message=f"rebuild {rec.name}")

@@ -33,6 +33,11 @@ The index is written after its pack, and object stores write a file whole or not
 so an index's presence means its pack is complete. The checksum catches a truncated or
 damaged index; a truncated pack shows as a short range read (`CorruptPack`); a damaged
 value is caught where every read is: the store re-hashes it against its id.
+
+An index holds nothing its pack does not (but the write times): a damaged one is made
+again from the pack (`index_from_pack`), whose values are one msgpack object each (an
+object's canonical bytes), so their bounds are found by reading their headers, and each
+key is the hash of its value. The write times become one, the pack file's.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ __all__ = [
     "PackIndex",
     "build_index",
     "build_pack",
+    "index_from_pack",
     "parse_index",
 ]
 
@@ -141,3 +147,74 @@ def parse_index(data: bytes, path: str) -> PackIndex:
         if off + length > pack_size:
             raise CorruptPack(path, f"entry at {off}+{length} lies outside a {pack_size}-byte pack")
     return PackIndex(name, pack_size, keys, offsets, lengths, stamps)
+
+
+# -- making an index again from its pack ------------------------------------------------------
+# msgpack's first byte -> (bytes of the header after it, bytes of a length field, whether the
+# length counts bytes (1), items (2: a map's keys and values; 1: an array's) or is fixed)
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_FIXED |= {0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+_SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}  # bin, str: length bytes
+_EXT = {0xC7: 1, 0xC8: 2, 0xC9: 4}  # ext: length bytes, then a type byte
+_ARRAY = {0xDC: 2, 0xDD: 4}
+_MAP = {0xDE: 2, 0xDF: 4}
+
+
+def _value_end(data: bytes, pos: int, path: str) -> int:
+    """Where the msgpack object that starts at ``pos`` ends (no recursion: a count of the
+    items still to skip)."""
+    todo = 1
+    end = len(data)
+    start = pos
+    while todo:
+        todo -= 1
+        if pos >= end:
+            raise CorruptPack(path, f"the value at byte {start} runs past the end of the pack")
+        b = data[pos]
+        pos += 1
+        if b <= 0x7F or b >= 0xE0:  # fixint
+            continue
+        if b <= 0x8F:  # fixmap
+            todo += 2 * (b & 0x0F)
+        elif b <= 0x9F:  # fixarray
+            todo += b & 0x0F
+        elif b <= 0xBF:  # fixstr
+            pos += b & 0x1F
+        elif b in _FIXED:
+            pos += _FIXED[b]
+        elif b in _SIZED:
+            n = _SIZED[b]
+            pos += n + int.from_bytes(data[pos : pos + n], "big")
+        elif b in _EXT:
+            n = _EXT[b]
+            pos += n + 1 + int.from_bytes(data[pos : pos + n], "big")
+        elif b in _ARRAY or b in _MAP:
+            n = _ARRAY.get(b) or _MAP[b]
+            count = int.from_bytes(data[pos : pos + n], "big")
+            pos += n
+            todo += count if b in _ARRAY else 2 * count
+        else:
+            raise CorruptPack(path, f"byte {pos - 1} (0x{b:02x}) starts no msgpack value")
+    if pos > end:
+        raise CorruptPack(path, f"the value at byte {start} runs past the end of the pack")
+    return pos
+
+
+def index_from_pack(pack: bytes, path: str, stamp_ms: int) -> tuple[PackIndex, bytes]:
+    """The index of ``pack`` (read from ``path``) made again from its values, every write
+    time ``stamp_ms``: the parsed index and its bytes. `CorruptPack` when the pack is not
+    whole (its bytes do not hash to its name, the last part of ``path``) or not a pack."""
+    name = path.rsplit("/", 1)[-1].partition(".")[0]
+    if blake3.blake3(pack).hexdigest() != name:
+        raise CorruptPack(path, "the pack's bytes do not hash to its name: it is damaged too")
+    if not pack.startswith(PACK_MAGIC):
+        raise CorruptPack(path, "not a pack (wrong magic bytes)")
+    entries: dict[bytes, tuple[bytes, int, int, int]] = {}
+    pos = len(PACK_MAGIC)
+    while pos < len(pack):
+        end = _value_end(pack, pos, path)
+        key = blake3.blake3(memoryview(pack)[pos:end]).digest()
+        entries.setdefault(key, (key, pos, end - pos, stamp_ms))
+        pos = end
+    _, data = build_index(pack, list(entries.values()))
+    return parse_index(data, path), data

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import blake3
 
 from medomni_cas.errors import IntegrityError, UnsupportedOperation
-from medomni_cas.store.backend import Backend
+from medomni_cas.store.backend import Backend, Entry
 
 __all__ = ["CachedBackend", "Publish"]
 
@@ -132,7 +132,7 @@ class CachedBackend(Backend):
         # docstring inherited
         return self.remote.ref_get_prefixed(prefix, ids)
 
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         # docstring inherited
         if new is not None:
             self.publish([new])
@@ -149,6 +149,10 @@ class CachedBackend(Backend):
     def ref_log_names(self) -> Iterator[str]:
         # docstring inherited
         return self.remote.ref_log_names()
+
+    def damage(self) -> list[tuple[str, str]]:
+        # docstring inherited
+        return [*self.local.damage(), *self.remote.damage()]
 
     def close(self) -> None:
         # docstring inherited

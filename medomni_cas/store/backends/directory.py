@@ -11,13 +11,16 @@ Layout of ``PATH/``::
     names/~<hash>        the full name of a ref whose encoded name is too long for a file
 
 Every file is written to a ``.tmp-*`` file in the same folder and renamed into place, so a
-killed writer leaves at most a temp file, which listings skip.
+killed writer leaves at most a temp file, which listings skip and gc removes once it is
+older than its grace period (`DirectoryBackend.remove_orphans`).
 
 A ref file holds two lines: the hex id (``-`` once deleted) and the length of the committed
-history. The rename of the ref file is the commit point of an update: history bytes past
-that length belong to a writer that died before committing, so readers ignore them and the
-next writer truncates them away. Deleted refs keep their file (a tombstone) so that the
-history stays reachable and its length known.
+history; a third, where present, is the offset of the history's last entry (which the next
+entry's hash chain links; without it the history is read whole). The rename of the ref file
+is the commit point of an update: history bytes past that length belong to a writer that
+died before committing, so readers ignore them and the next writer truncates them away.
+Deleted refs keep their file (a tombstone) so that the history stays reachable and its
+length known.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import (
     decode_ref_name,
     encode_ref_name,
@@ -74,13 +77,15 @@ def parse_log(data: bytes, end: int | None = None) -> list[bytes]:
 
 
 class _RefState:
-    """A ref file's content: the id (None when absent or deleted) and the history length."""
+    """A ref file's content: the id (None when absent or deleted), the history length and
+    the offset of its last entry (None: not recorded, in files written before)."""
 
-    __slots__ = ("log_end", "value")
+    __slots__ = ("last", "log_end", "value")
 
-    def __init__(self, value: bytes | None, log_end: int) -> None:
+    def __init__(self, value: bytes | None, log_end: int, last: int | None = None) -> None:
         self.value = value
         self.log_end = log_end
+        self.last = last
 
     @classmethod
     def parse(cls, text: str, where: Path) -> _RefState:
@@ -88,13 +93,15 @@ class _RefState:
         try:
             value = None if lines[0] == _TOMBSTONE else bytes.fromhex(lines[0])
             log_end = int(lines[1]) if len(lines) > 1 and lines[1] else 0
+            last = int(lines[2]) if len(lines) > 2 and lines[2] else None
         except ValueError:
             raise ValueError(f"{where}: not a ref file (expected hex id and log length)") from None
-        return cls(value, log_end)
+        return cls(value, log_end, last)
 
     def dump(self) -> bytes:
         head = _TOMBSTONE if self.value is None else self.value.hex()
-        return f"{head}\n{self.log_end}\n".encode()
+        tail = "" if self.last is None else f"{self.last}\n"
+        return f"{head}\n{self.log_end}\n{tail}".encode()
 
 
 class DirectoryBackend(Backend):
@@ -121,10 +128,7 @@ class DirectoryBackend(Backend):
     @classmethod
     def from_url(cls, url: str) -> DirectoryBackend:
         """``file:///abs/path`` or ``file://./rel``; ``?fsync=0`` trades durability for speed."""
-        rest = url.removeprefix("file://")
-        path, _, query = rest.partition("?")
-        if not path:
-            raise ValueError(f"file:// URL needs a path, e.g. file://./store: {url!r}")
+        path, query = cls._path_of(url)
         options = parse_qs(query, keep_blank_values=True)
         unknown = set(options) - {"fsync"}
         if unknown:
@@ -133,6 +137,22 @@ class DirectoryBackend(Backend):
         if fsync not in ("0", "1", "true", "false"):
             raise ValueError(f"{url!r}: fsync must be 0 or 1, got {fsync!r}")
         return cls(os.path.expanduser(path), durable=fsync in ("1", "true"), url=url)
+
+    @staticmethod
+    def _path_of(url: str) -> tuple[str, str]:
+        path, _, query = url.removeprefix("file://").partition("?")
+        if not path:
+            raise ValueError(f"file:// URL needs a path, e.g. file://./store: {url!r}")
+        return path, query
+
+    @classmethod
+    def open_at(cls, url: str, *, create: bool = True) -> DirectoryBackend:
+        # docstring inherited
+        # every release made objects/ when it opened a folder; opening makes it too
+        path = Path(os.path.expanduser(cls._path_of(url)[0]))
+        if not create and not (path / "objects").is_dir():
+            raise no_store(url)
+        return cls.from_url(url)
 
     # -- objects -------------------------------------------------------------------------------
     def _object_path(self, key: bytes) -> Path:
@@ -235,6 +255,30 @@ class DirectoryBackend(Backend):
                 pass
         return n
 
+    def remove_orphans(self, older_than: float) -> int:
+        """The temp files of killed writers (``.tmp-*``, never renamed into place) in every
+        folder of the store, older than ``older_than``; return how many were removed."""
+        folders = [self._refs, self._logs, self._names, self._objects]
+        with contextlib.suppress(FileNotFoundError):
+            folders += [Path(e.path) for e in os.scandir(self._objects) if e.is_dir()]
+        n = 0
+        for folder in folders:
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if not entry.name.startswith(TMP_PREFIX):
+                    continue
+                try:
+                    # a writer that is still at work has touched its file within the grace
+                    if entry.stat(follow_symlinks=False).st_mtime < older_than:
+                        os.unlink(entry.path)
+                        n += 1
+                except FileNotFoundError:
+                    pass  # renamed into place or removed meanwhile
+        return n
+
     # -- refs ----------------------------------------------------------------------------------
     def _ref_file(self, encoded: str) -> Path:
         return self._refs / encoded
@@ -258,7 +302,7 @@ class DirectoryBackend(Backend):
         # docstring inherited
         return self._read_state(encode_ref_name(name)).value
 
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         # docstring inherited
         encoded = encode_ref_name(name)
         with self._locked(name, encoded):
@@ -267,12 +311,30 @@ class DirectoryBackend(Backend):
                 return False
             if encoded.startswith("~"):
                 atomic_write(self._names / encoded, name.encode(), durable=self.durable)
-            log_end = self._append_log(encoded, state.log_end, entry)
-            new_state = _RefState(None if new is None else bytes(new), log_end)
+            data = entry if isinstance(entry, bytes) else entry(self._last_entry(encoded, state))
+            log_end = self._append_log(encoded, state.log_end, data)
+            new_state = _RefState(None if new is None else bytes(new), log_end, state.log_end)
             atomic_write(self._ref_file(encoded), new_state.dump(), durable=self.durable)
             if self.durable:
                 fsync_dir(self._refs)
             return True
+
+    def _last_entry(self, encoded: str, state: _RefState) -> bytes | None:
+        """The committed history's last entry (None when there is none), read from its
+        offset when the ref file records it, else from the whole history."""
+        if state.log_end == 0:
+            return None
+        try:
+            with open(self._logs / encoded, "rb") as f:
+                if state.last is None:
+                    entries = parse_log(f.read(), state.log_end)
+                    return entries[-1] if entries else None
+                f.seek(state.last)
+                data = f.read(state.log_end - state.last)
+        except FileNotFoundError:
+            return None  # a lost history, which fsck reports: it must not block the ref
+        got = parse_log(data)
+        return got[0] if len(got) == 1 else None
 
     def _append_log(self, encoded: str, log_end: int, entry: bytes) -> int:
         """Append ``entry`` after the committed history; return the new history length."""
@@ -385,7 +447,15 @@ class DirectoryBackend(Backend):
             raise FileNotFoundError(
                 f"{self._logs / encoded}: history of ref {name!r} is missing"
             ) from None
-        return parse_log(data, end)
+        entries = parse_log(data, end)
+        if sum(map(len, entries)) + _LEN.size * len(entries) != end:
+            # the committed history is whole by construction: a short read or an entry that
+            # overruns the committed length is damage, not a writer that died mid-append
+            raise ValueError(
+                f"{self._logs / encoded}: history of ref {name!r} is damaged (its entries do "
+                f"not fill the committed {end} bytes)"
+            )
+        return entries
 
     def ref_log_names(self) -> Iterator[str]:
         # docstring inherited

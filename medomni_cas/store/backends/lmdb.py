@@ -31,7 +31,7 @@ from typing import Literal, TypeVar, cast, overload
 
 import lmdb
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._lmdbenv import acquire
 from medomni_cas.store.files import TMP_PREFIX, FileWriter
@@ -84,6 +84,15 @@ class LMDBBackend(Backend):
         if not path:
             raise ValueError("lmdb:// URL needs a path, e.g. lmdb://./.medomni/store")
         return cls(path, url=url)
+
+    @classmethod
+    def open_at(cls, url: str, *, create: bool = True) -> LMDBBackend:
+        # docstring inherited
+        # opening the environment creates it: look for its data file first
+        path = Path(url.removeprefix("lmdb://").split("?", 1)[0]).expanduser()
+        if not create and not (path / "data.mdb").is_file():
+            raise no_store(url)
+        return cls.from_url(url)
 
     def reader_url(self) -> str:
         # docstring inherited
@@ -360,7 +369,7 @@ class LMDBBackend(Backend):
             get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
             return list(map(get, keys))
 
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         # docstring inherited
         key = name.encode()
 
@@ -372,8 +381,13 @@ class LMDBBackend(Backend):
                 txn.delete(key, db=self._refs)
             else:
                 txn.put(key, bytes(new), db=self._refs)
-            seq = self._last_seq(txn.cursor(self._reflog), key) + 1
-            txn.put(key + b"\x00" + seq.to_bytes(8, "big"), entry, db=self._reflog)
+            cur = txn.cursor(self._reflog)
+            last = self._last_seq(cur, key)
+            if isinstance(entry, bytes):
+                data = entry
+            else:  # the cursor sits on the last entry when there is one
+                data = entry(bytes(cur.value()) if last else None)
+            txn.put(key + b"\x00" + (last + 1).to_bytes(8, "big"), data, db=self._reflog)
             return True
 
         return self._write(update)

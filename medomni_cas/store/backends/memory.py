@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from medomni_cas.store.backend import Backend
+from medomni_cas.store.backend import Backend, Entry
 
 __all__ = ["MemoryBackend"]
 
@@ -76,16 +76,18 @@ class MemoryBackend(Backend):
         # docstring inherited
         return list(map(self._refs.get, names))
 
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         # docstring inherited
         with self._lock:
             if self._refs.get(name) != old:
                 return False
+            log = self._logs.setdefault(name, [])
+            data = entry if isinstance(entry, bytes) else entry(log[-1] if log else None)
             if new is None:
                 self._refs.pop(name, None)
             else:
                 self._refs[name] = bytes(new)
-            self._logs.setdefault(name, []).append(entry)
+            log.append(data)
             return True
 
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:

@@ -4,9 +4,12 @@ Layout under the root::
 
     packs/<name>.pack       small objects of one batch, concatenated (`_packfiles`)
     packs/<name>.idx        that pack's index: sorted keys, offsets, lengths, write times
+                            (made again from the pack when it is damaged: `_packindex`)
     objects/ab/cdef…        loose objects, one per key: large ones (blob chunks), small
                             batches, and every object of stores written before packs
     refs/, logs/, names/    refs and their histories (`_refs`)
+    medomni-store.json      written when the store is made (`MARKER`): a reader that
+                            finds neither it nor a folder above says "no store at URL"
 
 The parts, one concern each:
 
@@ -29,7 +32,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from medomni_cas.store.backend import FRESHEN_AFTER, Backend
+from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._packs import CorruptPack
 from medomni_cas.store.backends.fsspec._packfiles import PACK_BYTES, PackFiles
@@ -38,7 +41,14 @@ from medomni_cas.store.backends.fsspec._refs import RefFiles
 from medomni_cas.store.backends.fsspec._remote import Remote, has_conditional_writes, mtime
 from medomni_cas.store.backends.fsspec._url import open_url
 
-__all__ = ["LOOSE_SIZE", "PACK_MIN", "CorruptPack", "FsspecBackend"]
+__all__ = ["LOOSE_SIZE", "MARKER", "PACK_MIN", "CorruptPack", "FsspecBackend"]
+
+#: The file a store writes at its root when it is made, so that a reader tells an empty
+#: store from a location that holds none (a mistyped prefix).
+MARKER = "medomni-store.json"
+MARKER_BYTES = b'{"medomni_store": 1}\n'
+# what marks a store: the marker, or a folder that only a store written before it has
+_STORE_NAMES = frozenset({MARKER, "packs", "objects", "refs", "logs", "names"})
 
 #: Objects of at least this many bytes are stored loose, one file each (blob chunks).
 LOOSE_SIZE = 256 * 1024
@@ -107,6 +117,30 @@ class FsspecBackend(Backend):
     def from_url(cls, url: str) -> FsspecBackend:
         # docstring inherited
         return cls(url)
+
+    @classmethod
+    def open_at(cls, url: str, *, create: bool = True) -> FsspecBackend:
+        # docstring inherited
+        backend = cls(url)
+        try:
+            if not backend.holds_store():
+                if not create:
+                    raise no_store(url)
+                backend.io.create(backend.io.path(MARKER), MARKER_BYTES)
+        except BaseException:
+            backend.close()
+            raise
+        return backend
+
+    def holds_store(self) -> bool:
+        """Whether a store is at the root: its `MARKER`, or (a store written before markers)
+        one of its folders. One listing of the root; `OSError` naming the URL when the
+        filesystem cannot be reached to answer."""
+        try:
+            names = set(self.io.child_names(self.root))
+        except Exception as e:  # whatever the filesystem raises, the answer is unknown
+            raise OSError(f"cannot reach the store at {self.url}: {e}") from e
+        return bool(names & _STORE_NAMES)
 
     def refresh(self) -> None:
         """Re-list the packs: find what other writers packed, forget what gc removed."""
@@ -371,6 +405,11 @@ class FsspecBackend(Backend):
         ``older_than``."""
         return self.packs.remove_orphans(older_than)
 
+    def damage(self) -> list[tuple[str, str]]:
+        """Pack indexes found damaged: rebuilt from their packs, or left out (their pack
+        is gone or damaged too: their objects are missing)."""
+        return sorted(self.index.damaged.items())
+
     # -- refs ------------------------------------------------------------------------------
     def ref_get(self, name: str) -> bytes | None:
         # docstring inherited
@@ -392,6 +431,6 @@ class FsspecBackend(Backend):
         # docstring inherited
         return self.ref_files.log_names()
 
-    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def ref_update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         # docstring inherited
         return self.ref_files.update(name, old, new, entry)

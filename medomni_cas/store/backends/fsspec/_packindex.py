@@ -7,6 +7,11 @@ the one with the newest write time wins.
 
 Readers do not take the lock: `where` is either updated in place by a merge (adding
 entries only) or replaced whole by a rebuild (after a pack is forgotten).
+
+A damaged index does not make the store unreadable: it is made again from its pack
+(`index_from_pack`) and written back in place of the damaged one (only if that is still
+there, unchanged: gc may be removing the pack); an index whose pack is gone or damaged too
+is left out, so that only its objects are missing. Either way `damaged` says so, for fsck.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
-from medomni_cas.store.backends._packs import CorruptPack, PackIndex, parse_index
+from medomni_cas.store.backends._packs import CorruptPack, PackIndex, index_from_pack, parse_index
 from medomni_cas.store.backends.fsspec._remote import Remote
 
 __all__ = ["Loc", "PackIndexCache"]
@@ -38,6 +43,9 @@ class PackIndexCache:
         self.refreshed_at: float | None = None
         self._keys: dict[str, frozenset[bytes]] = {}
         self._known_at: dict[str, float] = {}
+        #: index file -> what was wrong with it and what was done (rebuilt, or left out)
+        self.damaged: dict[str, str] = {}
+        self._left_out: set[str] = set()  # packs whose index could not be made again
 
     def pack_path(self, name: str, ext: str) -> str:
         """The path of pack ``name``'s file (``ext`` "pack") or index ("idx")."""
@@ -56,7 +64,7 @@ class PackIndexCache:
             stem, dot, ext = path.rsplit("/", 1)[-1].partition(".")
             if dot and ext == "idx":
                 listed.add(stem)
-        new = sorted(n for n in listed if n not in self.packs)
+        new = sorted(n for n in listed if n not in self.packs and n not in self._left_out)
         paths = [self.pack_path(n, "idx") for n in new]
         parsed: list[PackIndex] = []
         for name, path, data in zip(new, paths, self.remote.cat_whole(paths), strict=True):
@@ -66,9 +74,15 @@ class PackIndexCache:
                 raise OSError(
                     f"{self.remote.url}: reading pack index {path} failed: {data}"
                 ) from data
-            idx = parse_index(data, path)
-            if idx.name != name:
-                raise CorruptPack(path, f"this index describes pack {idx.name}, not {name}")
+            try:
+                idx = parse_index(data, path)
+                if idx.name != name:
+                    raise CorruptPack(path, f"this index describes pack {idx.name}, not {name}")
+            except CorruptPack as damage:
+                remade = self._remake(name, path, damage)
+                if remade is None:
+                    continue
+                idx = remade
             parsed.append(idx)
         with self.lock:
             for idx in parsed:
@@ -84,6 +98,39 @@ class PackIndexCache:
                 for idx in parsed:
                     self._merge(idx, self.where)
             self.refreshed_at = started
+
+    def _remake(self, name: str, path: str, damage: CorruptPack) -> PackIndex | None:
+        """Pack ``name``'s index made again from the pack and written back over the damaged
+        one at ``path``; None (the pack left out) when the pack is gone or damaged too."""
+        pack_path = self.pack_path(name, "pack")
+        (stamp,) = self.remote.mtimes([pack_path])
+        data = None if stamp is None else self.remote.cat_whole([pack_path])[0]
+        if stamp is None or data is None or isinstance(data, FileNotFoundError):
+            self._left_out.add(name)
+            self.damaged[path] = f"{damage}; its pack is gone, so its objects are missing"
+            return None
+        if isinstance(data, BaseException):
+            raise OSError(f"{self.remote.url}: reading pack {pack_path} failed: {data}") from data
+        try:
+            # the pack file's time: no older than any of its objects, so gc keeps them
+            idx, idx_bytes = index_from_pack(data, pack_path, int(stamp * 1000))
+        except CorruptPack as e:
+            self._left_out.add(name)
+            self.damaged[path] = f"{damage}; it cannot be made again ({e}): its objects are missing"
+            return None
+        note = "" if self._write_back(path, idx_bytes) else " (in memory only: not written back)"
+        self.damaged[path] = f"{damage}; rebuilt from its pack, {len(idx.keys)} objects{note}"
+        return idx
+
+    def _write_back(self, path: str, data: bytes) -> bool:
+        """Replace the damaged index at ``path``, if it is still the one read."""
+        try:
+            old, etag = self.remote.read_versioned(path)
+            if old is None:
+                return False  # removed meanwhile (gc rewrote the pack): nothing to repair
+            return self.remote.replace(path, data, etag)
+        except OSError:
+            return False  # a read-only store: readers still use the index made here
 
     def add(self, idx: PackIndex) -> None:
         """A pack this process has just written (index last)."""

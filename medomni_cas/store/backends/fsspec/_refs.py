@@ -16,6 +16,10 @@ with ``If-Match`` on the ETag it was read with. Any writer that finds entry ``se
 present while the ref is still at ``seq`` rolls the ref forward to that entry's value
 first, so a writer killed between the two writes loses nothing and blocks no one.
 
+An entry chained to its predecessor (`medomni_cas.store.backend.Entry` as a function) is
+made from entry ``seq``, read once per round: entry ``seq`` never changes once the ref is
+at ``seq``, and only one writer creates ``seq + 1``, so no two entries link the same one.
+
 Readers of the ref alone may see the value before such an unfinished update until the
 next writer completes it. The log entry is read only when the ref differs from the
 expected value or the create loses, so a successful update costs three requests (read,
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from medomni_cas.store.backend import Entry
 from medomni_cas.store.backends._layout import decode_ref_name, encode_ref_name
 from medomni_cas.store.backends.fsspec._remote import Remote
 
@@ -149,15 +154,17 @@ class RefFiles:
         yield from sorted(n for n in names if n is not None)
 
     # -- the atomic update -----------------------------------------------------------------
-    def update(self, name: str, old: bytes | None, new: bytes | None, entry: bytes) -> bool:
+    def update(self, name: str, old: bytes | None, new: bytes | None, entry: Entry) -> bool:
         """If ref ``name`` is ``old``, set it to ``new`` and log ``entry`` (see above)."""
         encoded = encode_ref_name(name)
         if encoded.startswith("~"):
             self.remote.pipe(self.remote.path("names", encoded), name.encode())
-        record = (_TOMBSTONE if new is None else bytes(new).hex().encode()) + b"\n" + entry
+        head = (_TOMBSTONE if new is None else bytes(new).hex().encode()) + b"\n"
         for _ in range(MAX_ROUNDS):
             value, seq, etag = self._read(encoded)
-            if value == old and self.remote.create(self.log_path(encoded, seq + 1), record):
+            if value == old and self.remote.create(
+                self.log_path(encoded, seq + 1), head + self._entry(encoded, seq, entry)
+            ):
                 self._move(name, encoded, etag, None if new is None else bytes(new), seq + 1)
                 return True
             # the ref differs, or update seq + 1 was decided by another writer: an update
@@ -170,6 +177,17 @@ class RefFiles:
             if value != old:
                 return False
         return False  # every round, another writer got there first
+
+    def _entry(self, encoded: str, seq: int, entry: Entry) -> bytes:
+        """The bytes of ``entry`` as update ``seq + 1``: linked to entry ``seq`` if chained."""
+        if isinstance(entry, bytes):
+            return entry
+        if seq == 0:
+            return entry(None)
+        path = self.log_path(encoded, seq)
+        data = self.remote.cat(path)
+        # a lost entry is a damaged history, which fsck reports: it must not block the ref
+        return entry(data.split(b"\n", 1)[1] if data and b"\n" in data else None)
 
     def _move(
         self, name: str, encoded: str, etag: str | None, value: bytes | None, seq: int
