@@ -324,6 +324,31 @@ class BackendTests:
         with _pytest().raises(IntegrityError):
             Store(backend).get_raw(ObjectId(k))
 
+    def test_put_replaces_a_corrupt_copy(self, backend: Backend) -> None:
+        cases = [
+            (data, bad)
+            for n, size in enumerate((7, 300_000))  # inline and large, packed and loose
+            for data in [bytes([65 + n]) * size]
+            for bad in (data[:-1] + b"!", data[:-1])  # a changed byte, a lost byte
+        ]
+        for i, (data, bad) in enumerate(cases):
+            data, bad = bytes([i]) + data, bytes([i]) + bad  # a key of its own for each
+            k = key(data)
+            self.set(backend, k, bad)
+            with _pytest().raises(IntegrityError):
+                Store(backend).get_raw(ObjectId(k))
+            backend.put_many([(k, data)])
+            assert self.get(backend, k) == data
+            assert Store(backend).get_raw(ObjectId(k)) == data
+
+    def test_put_replaces_corrupt_copies_in_a_batch(self, backend: Backend) -> None:
+        items = [(key(b"%d" % i), b"%d" % i) for i in range(8)]
+        backend.put_many(items[:4])
+        for k, d in items[:2]:
+            self.set(backend, k, d + b"?")
+        assert backend.put_many(items) == 4
+        assert backend.get_list([k for k, _ in items]) == [d for _, d in items]
+
     # -- refs ----------------------------------------------------------------------------------
     def test_ref_create_only(self, backend: Backend) -> None:
         a, b = key(b"a"), key(b"b")

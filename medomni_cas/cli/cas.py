@@ -51,6 +51,7 @@ from medomni_cas.workspace import DEFAULT_REMOTE, DEFAULT_STORE_URL, WORKSPACE_F
 
 if TYPE_CHECKING:
     from medomni_cas.store.sync import SyncProgress, SyncReport
+    from medomni_cas.store.verify import FsckReport
 
 __all__ = ["register"]
 
@@ -238,19 +239,58 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    """Verify every object and ref; exit 1 when anything is wrong."""
+    """Verify every object and ref; exit 1 when anything is wrong. With --repair --from,
+    fetch good copies of what is corrupt or missing first; exit 1 if anything is left."""
     from medomni_cas.store.verify import fsck
 
+    if args.repair and not args.source:
+        raise ValueError("cas fsck --repair needs --from URL: a store that holds good copies")
+    if args.source and not args.repair:
+        raise ValueError("cas fsck --from URL is for --repair: give both, or neither")
+    if args.repair:
+        return _repair(args)
     with open_store(args) as store, bar(args, None, "obj", "fsck") as b:
         report = fsck(store, jobs=args.jobs, progress=lambda n: b.update(n - b.n))
     if json_mode(args):
         emit_json(to_builtins(report))
     else:
-        for p in report.problems:
-            where = f" (ref {p.ref})" if p.ref else ""
-            sys.stdout.write(f"{p.kind} {_hex(p.id)}{where}: {p.message}\n")
-        status = "ok" if report.ok else f"{len(report.problems)} problem(s)"
-        sys.stdout.write(f"{status}: {report.objects} objects, {report.refs} refs\n")
+        _print_fsck(report)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def _print_fsck(report: FsckReport) -> None:
+    for p in report.problems:
+        where = f" (ref {p.ref})" if p.ref else ""
+        sys.stdout.write(f"{p.kind} {_hex(p.id)}{where}: {p.message}\n")
+    status = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+    sys.stdout.write(f"{status}: {report.objects} objects, {report.refs} refs\n")
+
+
+def _repair(args: argparse.Namespace) -> int:
+    from medomni_cas.store.repair import repair
+    from medomni_cas.store.url import open_store as open_url
+
+    spec: str = args.source
+    url = spec if "://" in spec else Workspace.load(".").remote_url(spec)
+    with (
+        open_store(args) as store,
+        open_url(url, create=False) as source,
+        bar(args, None, "obj", "fsck") as b,
+    ):
+        report = repair(store, source, jobs=args.jobs, progress=lambda n: b.update(n - b.n))
+    if json_mode(args):
+        emit_json(to_builtins({**to_builtins(report), "ok": report.ok}))
+        return EXIT_OK if report.ok else EXIT_PROBLEM
+    if report.before.ok:
+        sys.stdout.write("nothing to repair\n")
+    else:
+        sys.stdout.write(f"found {len(report.before.problems)} problem(s):\n")
+        _print_fsck(report.before)
+        sys.stdout.write(f"fetched {report.fetched} objects from {report.source}\n")
+    for oid, why in report.failed.items():
+        sys.stdout.write(f"not repaired {oid}: {why}\n")
+    sys.stdout.write("after repair:\n" if not report.before.ok else "")
+    _print_fsck(report.after)
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
@@ -498,7 +538,7 @@ least 8 hex characters, or a ref name. The store is --store URL, else the worksp
 
 objects:      init, put, cat, show, ls, resolve
 refs:         refs, ref set|delete, log
-maintenance:  fsck (re-hash everything), gc, repack
+maintenance:  fsck (re-hash everything; --repair --from URL), gc, repack
 bundles:      export, import (one file holding objects and refs)
 remotes:      push, pull (to and from workspace.yaml's remotes or a URL), clone
 
@@ -563,6 +603,17 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = add_command(verbs, "fsck", cmd_fsck, "verify objects and refs (exit 1 on a problem)")
     add_jobs_option(p)
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="fetch good copies of corrupt or missing objects (from --from), then check again",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="URL",
+        help=f"the store to repair from: a store URL or a remote named in {WORKSPACE_FILE}",
+    )
 
     p = add_command(verbs, "gc", cmd_gc, "delete unreachable objects")
     p.add_argument(

@@ -6,9 +6,14 @@ abstract methods; the batch methods have correct defaults that backends override
 
 Contract for implementers:
 
-* ``put_many`` is put-if-absent and idempotent: there is no way to overwrite an id. It may
-  refresh the write time of an object that is already present (gc's grace period counts from
-  it), and must leave no partially written object behind if the process dies.
+* ``put_many`` is put-if-absent and idempotent: the bytes put are those of the id (the store
+  hashed or checked them), so a present object is not written again, except that a stored
+  copy found to differ from them is corrupt and is replaced, atomically. Look where it costs
+  nothing or only on that conflict (the stored value read anyway, a size, a read of a copy
+  that is present), never by reading or hashing what is absent. It may refresh the write
+  time of an object that is already present (gc's grace period counts from it), and must
+  leave no partially written object behind if the process dies. It returns how many keys
+  were absent.
 * ``ref_update`` is the one atomic step: compare the current value of a ref with ``old``
   (``None`` = absent), set it to ``new`` (``None`` = delete) and append ``entry`` to its
   history, all or nothing. Losing a race returns False; it never raises for that. The

@@ -32,8 +32,9 @@ so one flipped byte anywhere in a bundle is detected.
 Importing reads the file three times and writes nothing until the whole of it is proven
 good: the digest; then every record (its id, canonical form and links, and that the bundle
 is closed over the store it goes into) and every ref (no conflict); then the objects are
-written in batches, and the refs last: the update policies of every ref
-(`medomni_cas.store.policies`) first, then each ref's compare-and-swap.
+written in batches, children before parents (a height at a time), and the refs last: the
+update policies of every ref (`medomni_cas.store.policies`) first, then each ref's
+compare-and-swap.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ import blake3
 import msgspec
 
 from medomni_cas.errors import ConflictError, InvalidId, InvalidName, InvalidObject, NotFound
-from medomni_cas.store import encoding, policies
+from medomni_cas.store import _order, encoding, policies
+from medomni_cas.store._crash import crash_point
 from medomni_cas.store.ids import ID_SIZE, ObjectId, hash_bytes, parse_id
 from medomni_cas.store.refs import check_ref_name
 
@@ -459,31 +461,47 @@ def _write_objects(
     index: Mapping[ObjectId, int],
     progress: Progress | None,
 ) -> int:
-    """Write every record in batches; return how many were new to the store."""
+    """Write every record, children before parents; return how many were new to the store.
+
+    The file's order (parents first) is no order to write in: a batch written, then a kill
+    or a full disk, would leave parents whose children are missing, which a later pull or
+    push takes as complete. So the records go height by height (`_order.levels`), each
+    height in batches of its own: every object is in a later batch than all it links.
+    A stored copy that differs from the bundle's (corrupt) is replaced by the backend's
+    put (see `Backend.put_many`).
+    """
     backend = store.backend
-    new = written = size = 0
-    batch: list[tuple[bytes, bytes]] = []
+    ids = list(index)  # sorted: the index is read in id order
+    node = {oid: i for i, oid in enumerate(ids)}
+    kids: list[list[int]] = [[] for _ in ids]
     for pos, oid, data in _records(f, path, lay):
-        # Every id in the index was verified (hash, canonical form) by the previous pass, and
-        # bytes that hash to a verified id are those very bytes: re-hashing here is enough
-        # to write them straight to the backend even if the file changed in between.
-        if oid not in index or hash_bytes(data) != oid:
+        if oid not in node or hash_bytes(data) != oid:
             raise BundleError(
                 path, f"object {oid} changed while the bundle was being imported", pos
             )
-        batch.append((oid, data))
-        size += len(data)
-        if len(batch) >= _BATCH or size >= _BATCH_BYTES:
+        kids[node[oid]] = [node[link] for link in encoding.links(data) if link in node]
+    new = written = 0
+    for level in _order.levels(kids):
+        batch: list[tuple[bytes, bytes]] = []
+        size = 0
+        for i in sorted(level, key=lambda i: index[ids[i]]):  # file order within a height
+            # every id in the index was verified (hash, canonical form) by an earlier
+            # pass, and bytes that hash to a verified id are those very bytes
+            batch.append((ids[i], _read_record(f, path, index, ids[i])))
+            size += len(batch[-1][1])
+            if len(batch) >= _BATCH or size >= _BATCH_BYTES:
+                new += backend.put_many(batch)
+                crash_point("write")
+                written += len(batch)
+                batch, size = [], 0
+                if progress:
+                    progress(written)
+        if batch:
             new += backend.put_many(batch)
+            crash_point("write")
             written += len(batch)
-            batch, size = [], 0
             if progress:
                 progress(written)
-    if batch:
-        new += backend.put_many(batch)
-        written += len(batch)
-        if progress:
-            progress(written)
     return new
 
 

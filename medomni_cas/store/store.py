@@ -1,7 +1,8 @@
 """`Store`: objects, links and refs on top of any `Backend`.
 
 Every read is verified: the bytes are re-hashed and must match the id they were asked for.
-Writes are put-if-absent; there is no way to overwrite an id.
+Writes are put-if-absent; the only copy ever written over is a corrupt one, by a put of the
+bytes that hash to its id (see `Backend.put_many`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from medomni_cas.errors import (
     InvalidObject,
     NotFound,
 )
-from medomni_cas.store import encoding
+from medomni_cas.store import _order, encoding
+from medomni_cas.store._crash import crash_point
 from medomni_cas.store._fast import BatchReader, mismatches, unseen
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.blobs import BlobReader, put_blob
@@ -138,19 +140,33 @@ class Store:
 
         Every item is validated before any is written: a bad one raises `IntegrityError`
         (wrong id) or `InvalidObject` (not canonical) and nothing from the call is stored.
+        Items that link each other are written children first, whatever their order here
+        (`_order.levels`), so a writer killed part way leaves no object without its links.
         """
         checked: list[tuple[ObjectId, bytes]] = []
+        linking: list[int] = []  # the items that may link others (not blobs)
         for expected, data in items:
             oid = hash_bytes(data)
             if expected is not None and oid != expected:
                 raise IntegrityError(str(ObjectId(expected)), str(oid))
             try:
-                encoding.validate_canonical(data)
+                kind, _ = encoding.validate_canonical(data)
             except InvalidObject as e:
                 raise InvalidObject(f"object {oid}: {e}") from None
+            if kind != BLOB:
+                linking.append(len(checked))
             checked.append((oid, bytes(data)))
-        for i in range(0, len(checked), _BATCH):
-            self.backend.put_many(checked[i : i + _BATCH])
+        order: list[list[int]] = [list(range(len(checked)))]
+        if linking and len(checked) > 1:
+            node = {oid: i for i, (oid, _) in enumerate(checked)}
+            kids: list[list[int]] = [[] for _ in checked]
+            for i in linking:
+                kids[i] = [node[x] for x in encoding.links(checked[i][1]) if x in node]
+            order = _order.levels(kids)
+        for level in order:
+            for i in range(0, len(level), _BATCH):
+                self.backend.put_many([checked[j] for j in level[i : i + _BATCH]])
+                crash_point("write")
         return [oid for oid, _ in checked]
 
     def put_blob(

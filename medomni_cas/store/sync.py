@@ -1,12 +1,26 @@
 """Push, pull and clone: copy refs, and the objects they reach, between any two stores.
 
-Only what the other side lacks travels. The walk starts at the roots, asks the destination
-which ids of a whole frontier it is missing (one `Backend.missing` call per level of the
-DAG, which a remote answers from its pack index and one listing, in the manner of Bazel's
-FindMissingBlobs) and descends only into missing objects: an object the destination has
-comes with its closure, because sync writes an object only once every object it links to
-is durably there (children in an earlier batch than their parents). So an interrupted
-push or pull resumes by running it again: the walk stops where the last run got to.
+Only what the other side lacks travels. The walk starts at the roots and asks the
+destination which ids of a whole frontier it is missing (one `Backend.missing` call per
+level of the DAG, which a remote answers from its pack index and one listing, in the
+manner of Bazel's FindMissingBlobs). Sync writes an object only once every object it links
+to is durably there (children in an earlier batch than their parents), so a killed push or
+pull leaves no object without its closure, and running it again finishes it.
+
+Presence is not trusted. A store damaged by another writer (an import killed before this
+rule held for it, a copy made around the store) has objects whose children are missing,
+and a walk that stopped at every object the destination has would never mend them. So
+the walk goes on below an object the destination has, reading its links on the cheap side
+(`Present`): a push reads them from the source (local), a pull reads the destination's
+own copy and re-hashes it, and sends again a copy that is corrupt (the backend's put
+replaces it). It stops only at the destination's current values of the refs it moves:
+a ref is set only once its closure is stored, so the closure of the old value of a ref is
+not read again when the new value links it (the common case: a new version of a set).
+The cost is one local read of what the new values reach beyond the old ones, about that
+of `Store.walk` over it (100,000 objects shared but not through the old value: 1.2 s
+against 1.2 s for the walk, on a loaded 2-core machine). A hole found below an object the
+destination has is filled in the same run; an object written above it has all its own
+links, and the hole is there to be found by the next run if this one is killed.
 
 Every object read from the source is verified before it is written: its bytes must hash
 to its id (else `IntegrityError`, naming the id and the source, and nothing of the
@@ -45,7 +59,9 @@ Limit: the walk costs one presence round trip per level of the DAG, so a long ch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from itertools import compress
 from typing import Literal, NamedTuple, cast
 
 import blake3
@@ -53,13 +69,15 @@ import msgspec
 
 from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
-from medomni_cas.store._fast import BatchReader, mismatches
+from medomni_cas.store._crash import crash_point
+from medomni_cas.store._fast import BatchReader, mismatches, unseen
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.policies import RefPolicyRefused
 from medomni_cas.store.refs import check_ref_name
 from medomni_cas.store.store import Store
 
 __all__ = [
+    "Present",
     "READ_BYTES",
     "WRITE_BYTES",
     "WRITE_ITEMS",
@@ -152,12 +170,34 @@ def _hex(oid: bytes | None) -> str | None:
 
 
 # -- objects ---------------------------------------------------------------------------------
-class _Sender:
-    """One transfer of closures from ``src`` to ``dst`` (see the module docstring)."""
+#: How a transfer treats an object the destination already has: "trust" stops the walk
+#: there; "src" reads its links from the source (the cheap side of a push) and walks on;
+#: "dst" reads the destination's copy (the cheap side of a pull), re-hashed, and walks on;
+#: a copy that is corrupt or gone is sent again, and the backend's put replaces it.
+Present = Literal["trust", "src", "dst"]
 
-    def __init__(self, src: Store, dst: Store, progress: Callback | None) -> None:
+
+class _Sender:
+    """One transfer of closures from ``src`` to ``dst`` (see the module docstring).
+
+    An object dst lacks is written once every object it links is there: held until its
+    children that dst lacked are written (in an earlier batch). An object dst has is not
+    written, and not waited on, but its links are walked too, which finds what is missing
+    below it (a hole left by another writer) and, read at dst, a corrupt copy of it.
+    """
+
+    def __init__(
+        self,
+        src: Store,
+        dst: Store,
+        progress: Callback | None,
+        present: Present,
+        trusted: Iterable[bytes],
+    ) -> None:
         self.src, self.dst = src, dst
         self.progress = progress
+        self.present = present
+        self.trusted = set(trusted)
         self.pending: set[bytes] = set()  # missing at dst and not written yet
         self.parents: dict[bytes, list[bytes]] = {}  # pending id -> objects waiting on it
         self.waiting: dict[bytes, int] = {}  # id -> how many of its children are pending
@@ -169,32 +209,26 @@ class _Sender:
         self.reader = BatchReader()
 
     def run(self, roots: Iterable[bytes]) -> None:
-        roots = list(dict.fromkeys(roots))
-        if not roots:
-            return
-        seen: set[bytes] = set(roots)
-        frontier = self._missing(roots)
+        frontier = list(dict.fromkeys(roots))
+        seen: set[bytes] = set(frontier)
+        absent = set(self._missing(frontier)) if frontier else set()
         while frontier:
+            if self.present == "trust":
+                frontier = [k for k in frontier if k in absent]
+            elif not self.trusted.isdisjoint(frontier):
+                frontier = [k for k in frontier if k in absent or k not in self.trusted]
             candidates: list[bytes] = []
             interior: list[tuple[bytes, bytes, list[bytes]]] = []
-            i = 0
-            while i < len(frontier):
-                part = frontier[i : i + self.read_batch]
-                i += len(part)
-                size = 0
-                for key, data, links in self._read(part):
-                    size += len(data)
-                    if not links:
-                        self._ready(key, data)
-                        continue
-                    for link in links:
-                        if link not in seen:
-                            seen.add(link)
-                            candidates.append(link)
-                    interior.append((key, data, links))
-                mean = max(size // len(part), 1)
-                self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
-            frontier = self._missing(candidates) if candidates else []
+            for key, data, links in self._level(frontier, absent):
+                if data is None:  # dst has it: only its links matter
+                    candidates += unseen(seen, links)
+                    continue
+                if not links:
+                    self._ready(key, data)
+                    continue
+                candidates += unseen(seen, links)
+                interior.append((key, data, links))
+            absent = set(self._missing(candidates)) if candidates else set()
             for key, data, links in interior:
                 n = 0
                 for link in links:
@@ -206,11 +240,63 @@ class _Sender:
                     self.held[key] = data
                 else:
                     self._ready(key, data)
+            frontier = candidates
         while self.buffer:
             self._flush()
         if self.waiting:  # cannot happen: every pending child is read and written
             left = next(iter(self.waiting))
             raise RuntimeError(f"sync to {self.dst.url}: {left.hex()} still waits on children")
+
+    def _level(
+        self, frontier: list[bytes], absent: set[bytes]
+    ) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
+        """``(key, bytes, links)`` of each key of a level that dst lacks, read from the
+        source and checked; ``(b"", None, links)`` for a batch of those dst has, their
+        links read on the cheap side (`Present`). A copy found corrupt or gone at dst is read from
+        the source as one it lacks (and becomes pending)."""
+        lacking = [k for k in frontier if k in absent]
+        have = [k for k in frontier if k not in absent]
+        store = self.dst if self.present == "dst" else self.src
+        for i in range(0, len(have), _MAX_READ):
+            again = yield from self._links(store, have[i : i + _MAX_READ])
+            if again:
+                self.pending.update(again)
+                lacking += again
+        i = 0
+        while i < len(lacking):
+            part = lacking[i : i + self.read_batch]
+            i += len(part)
+            size = 0
+            for key, data, links in self._read(part):
+                size += len(data)
+                yield key, data, links
+            mean = max(size // len(part), 1)
+            self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
+
+    def _links(
+        self, store: Store, keys: list[bytes]
+    ) -> Generator[tuple[bytes, None, list[bytes]], None, list[bytes]]:
+        """``(b"", None, links)``: the links of the copies of ``keys`` in ``store``, re-hashed,
+        in one list; returns the keys whose copy is corrupt or gone (at dst: sent again; at
+        src: an error)."""
+        got = store.backend.get_list(keys)
+        here = [data is not None for data in got]  # not truthiness: b"" is an object
+        bad = [] if all(here) else list(compress(keys, map(operator.not_, here)))
+        keys = list(compress(keys, here))
+        datas = cast("list[bytes]", list(compress(got, here)))
+        corrupt = mismatches(keys, datas)
+        if corrupt:
+            bad += [keys[j] for j in corrupt]
+            fine = sorted(set(range(len(keys))) - set(corrupt))
+            keys, datas = [keys[j] for j in fine], [datas[j] for j in fine]
+        if bad and store is self.src:
+            raise NotFound("object", f"{bytes(bad[0]).hex()} (in {self.src.url}, unreadable)")
+        ids, _, errors = self.reader.links(datas, owners=False)
+        if errors:
+            j, e = next(iter(errors.items()))
+            raise InvalidObject(f"object {bytes(keys[j]).hex()} in {store.url}: {e}")
+        yield b"", None, ids  # the links of the whole batch at once: only they matter
+        return bad
 
     def _missing(self, keys: list[bytes]) -> list[bytes]:
         missing = self.dst.backend.missing(keys)
@@ -263,6 +349,7 @@ class _Sender:
         if not batch:
             return
         self.dst.backend.put_many(batch)
+        crash_point("write")
         self.sent += len(batch)
         for key, data in batch:
             self.nbytes += len(data)
@@ -284,13 +371,22 @@ class _Sender:
 
 
 def send(
-    src: Store, dst: Store, roots: Iterable[ObjectId | bytes], *, progress: Callback | None = None
+    src: Store,
+    dst: Store,
+    roots: Iterable[ObjectId | bytes],
+    *,
+    progress: Callback | None = None,
+    present: Present = "src",
+    trusted: Iterable[bytes] = (),
 ) -> SyncReport:
     """Copy the closures of ``roots`` from ``src`` to ``dst``, only what ``dst`` lacks.
 
-    No ref changes. A missing object in ``src`` raises `NotFound`; a corrupt one
+    ``present`` says how far an object ``dst`` has is trusted (`Present`): by default its
+    closure is checked there too, except for the ``trusted`` ids (the values of ``dst``'s
+    refs: a ref is set only once its closure is stored), where the walk stops. No ref
+    changes. A missing object in ``src`` raises `NotFound`; a corrupt one
     `IntegrityError`. Returns a report with no refs."""
-    sender = _Sender(src, dst, progress)
+    sender = _Sender(src, dst, progress, present, trusted)
     sender.run(bytes(r) for r in roots)
     return SyncReport(
         src=src.url, dst=dst.url, objects=sender.sent, bytes=sender.nbytes, checked=sender.checked
@@ -373,7 +469,14 @@ def transfer(
 
     if local == "src":
         todo = [n for n in todo if not rejected(n)]
-    sent = send(src, dst, [src_refs[n] for n in todo], progress=progress)
+    sent = send(
+        src,
+        dst,
+        [src_refs[n] for n in todo],
+        progress=progress,
+        present=local,
+        trusted=[v for v in before.values() if v is not None],
+    )
     if local == "dst":
         todo = [n for n in todo if not rejected(n)]
     note = f"{verb} from {src.url}"

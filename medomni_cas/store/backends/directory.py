@@ -171,21 +171,32 @@ class DirectoryBackend(Backend):
         # docstring inherited
         now = time.time()
         todo: dict[Path, bytes] = {}
+        new = 0
         for key, data in items:
             target = self._object_path(key)
-            if target not in todo and not self._freshen(target, now):
+            if target in todo:
+                continue
+            held = self._freshen(target, data, now)
+            if held is not True:
                 todo[target] = data
+                new += held is None
         self._writer.write(todo.items())
-        return len(todo)
+        return new
 
     @staticmethod
-    def _freshen(target: Path, now: float) -> bool:
-        """Whether ``target`` exists; refresh its mtime if it is older than `FRESHEN_AFTER`."""
+    def _freshen(target: Path, data: bytes, now: float) -> bool | None:
+        """Whether ``target`` holds ``data`` (None: it is absent; False: it holds other
+        bytes, a corrupt copy, which the caller writes over by rename); refresh its mtime
+        if it is older than `FRESHEN_AFTER`. A copy is compared only when it is there,
+        so a put of new objects costs one stat each, as before."""
         try:
-            if now - target.stat().st_mtime > FRESHEN_AFTER:
+            st = target.stat()
+            if st.st_size != len(data) or target.read_bytes() != data:
+                return False
+            if now - st.st_mtime > FRESHEN_AFTER:
                 os.utime(target)
         except FileNotFoundError:
-            return False  # absent, or gc removed it between stat and utime: write it
+            return None  # absent, or gc removed it between stat and utime: write it
         return True
 
     def contains(self, key: bytes) -> bool:

@@ -240,7 +240,11 @@ class LMDBBackend(Backend):
         large = [(k, d) for k, d in items if len(d) >= LARGE_OBJECT]
         if large:
             absent = set(self.missing(k for k, _ in large))
-            self._write_files([(k, d) for k, d in large if k in absent])
+            # a stored file that differs from the bytes put (which hash to the key) is
+            # corrupt: written again, by rename, like an absent one
+            self._write_files(
+                [(k, d) for k, d in large if k in absent or not self._file_holds(k, d)]
+            )
         marker = _HDR.pack(_FILE, now)
         pairs = [(k, marker if len(d) >= LARGE_OBJECT else inline + d) for k, d in items]
 
@@ -253,13 +257,25 @@ class LMDBBackend(Backend):
 
         return self._write(put)
 
+    def _file_holds(self, key: bytes, data: bytes) -> bool:
+        try:
+            path = self._file(key)
+            return path.stat().st_size == len(data) and path.read_bytes() == data
+        except FileNotFoundError:
+            return False
+
     def _freshen(self, cur: lmdb.Cursor, pairs: list[tuple[bytes, bytes]], now: int) -> None:
-        for key, _ in pairs:
+        """Refresh old write times of keys put again, and replace a stored value that is
+        not the one put: the stored bytes are read here anyway, so a corrupt copy costs one
+        comparison to find (the bytes put hash to the key: they are the object)."""
+        for key, new in pairs:
             value = cur.get(key)
             if value is None:
                 continue
             flag, stamp = _HDR.unpack_from(value)
-            if now - stamp > FRESHEN_AFTER_MS:
+            if flag != new[0] or (flag == _INLINE and value[_HDR.size :] != new[_HDR.size :]):
+                cur.put(key, new)  # corrupt (or a marker where the object is inline)
+            elif now - stamp > FRESHEN_AFTER_MS:
                 cur.put(key, _HDR.pack(flag, now) + value[_HDR.size :])
 
     def contains(self, key: bytes) -> bool:

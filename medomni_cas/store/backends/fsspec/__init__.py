@@ -288,6 +288,12 @@ class FsspecBackend(Backend):
         in a pack written since the last listing, is stored again (harmless: reads take
         either copy) and counted as new. A key present with a write time older than
         `FRESHEN_AFTER` is written again, so that gc's grace period counts from now.
+
+        A stored copy that is not the bytes put (which hash to the key: a corrupt copy) is
+        replaced: a packed one by a new pack (the newest copy of a key is the one read), a
+        loose one by a plain write. Stored copies are read for this only when the key is
+        present (no request for new objects), and a packed one only when its length
+        matches (a different length is seen in the index).
         """
         batch: dict[bytes, bytes] = {}
         for key, data in items:
@@ -300,20 +306,32 @@ class FsspecBackend(Backend):
         present = {k for k in batch if k in where}
         small: list[tuple[bytes, bytes]] = []
         large: list[tuple[bytes, bytes]] = []
+        packed: list[bytes] = []  # present, fresh: compared with what is stored
+        forced: list[tuple[bytes, bytes]] = []  # a corrupt packed copy: packed again
         for key, data in batch.items():
             loc = where.get(key)
             if loc is not None:
                 if now_ms - loc[3] > _FRESHEN_MS:
                     small.append((key, data))  # packed, so small: pack it again, fresh
+                elif loc[2] != len(data):
+                    forced.append((key, data))
+                else:
+                    packed.append(key)
             elif len(data) >= LOOSE_SIZE or key in self._loose_known:
                 large.append((key, data))  # the loose path checks presence and freshness
             else:
                 small.append((key, data))
+        if packed:
+            stored, _ = self.packs.read(packed)
+            forced += [(k, batch[k]) for k in packed if k in stored and stored[k] != batch[k]]
         if len(small) < PACK_MIN:
             large.extend(small)
             small = []
         absent = self._put_loose(large)
         self.packs.write(small, now_ms)
+        if forced:
+            # newer than the copy it replaces, even one written this very millisecond
+            self.packs.write(forced, max(now_ms, *(where[k][3] + 1 for k, _ in forced)))
         return len(absent - present) + sum(1 for k, _ in small if k not in present)
 
     def _put_loose(self, items: list[tuple[bytes, bytes]]) -> set[bytes]:
@@ -327,22 +345,30 @@ class FsspecBackend(Backend):
             existed = [k for (k, _), ok in zip(items, written, strict=True) if not ok]
             stamps = self._loose_stamps(existed) if existed else {}
             # rewrite the stale, and any whose "precondition failed" (s3fs may report other
-            # errors the same way) left nothing there: a plain write of the same bytes
+            # errors the same way) left nothing there: a plain write of the same bytes;
+            # and a stored copy that is not these bytes (corrupt)
             redo = {k for k in existed if k not in stamps or now - stamps[k] > FRESHEN_AFTER}
+            redo |= self._differ([(k, d) for k, d in items if k in stamps and k not in redo])
             self.io.pipe_many([p for (k, _), p in zip(items, paths, strict=True) if k in redo])
             absent = {k for (k, _), ok in zip(items, written, strict=True) if ok}
             absent.update(k for k in existed if k not in stamps)
         else:
             stamps = self._loose_stamps([k for k, _ in items])
+            corrupt = self._differ([(k, d) for k, d in items if k in stamps])
             todo = [
                 p
                 for (k, _), p in zip(items, paths, strict=True)
-                if k not in stamps or now - stamps[k] > FRESHEN_AFTER
+                if k not in stamps or now - stamps[k] > FRESHEN_AFTER or k in corrupt
             ]
             self.io.pipe_many(todo)
             absent = {k for k, _ in items if k not in stamps}
         self._loose_known.update(k for k, _ in items)
         return absent
+
+    def _differ(self, items: list[tuple[bytes, bytes]]) -> set[bytes]:
+        """The keys of ``items`` stored loose with other bytes than theirs (corrupt)."""
+        stored = self._read_loose([k for k, _ in items])
+        return {k for k, d in items if k in stored and stored[k] != d}
 
     # -- objects: deleting (gc) ------------------------------------------------------------
     def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
