@@ -133,7 +133,7 @@ def terminus_turn(n: int, body: dict[str, Any]) -> Reply:
         turn = {
             "analysis": f"The task asks for the CKD stage. My key is {KEY}.",
             "plan": "Write the answer where the instruction says.",
-            "commands": [{"keystrokes": keys, "duration": 0.5}] if keys else [],
+            "commands": [{"keystrokes": keys, "duration": 1.0}] if keys else [],
         }
     turn["task_complete"] = True
     return Reply(
