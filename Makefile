@@ -41,9 +41,10 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .medomni .pytest_cache .mypy_cache site
 
-# A private Docker engine in .docker/ (root: installs docker.io, containerd, runc, busybox-static
-# and bash-static from apt when missing), with the base image local/base:1. The tests use it
-# when it answers; without it they start one of their own. Prints the DOCKER_HOST to export.
+# A private Docker engine in .docker/ (root: installs docker.io, containerd, runc, busybox-static,
+# bash-static and tmux from apt when missing), with the images local/base:1 and local/terminus:1.
+# The tests use it when it answers; without it they start one of their own. Prints the
+# DOCKER_HOST to export.
 docker-engine:
 	bash .ci/docker-engine install
 	bash .ci/docker-engine start .docker

@@ -8,8 +8,9 @@ only decides which engine to use and drives that script. Order of preference:
 3. a private engine in a short temporary directory, one per pytest-xdist worker, started here
    and stopped (its directory removed) by :meth:`Engine.close`. This needs root and ``dockerd``.
 
-Every engine gets the base image ``local/base:1`` (busybox-static + bash-static), imported from
-the host's Debian packages: no image registry is used.
+Every engine gets the base image ``local/base:1`` (busybox-static + bash-static) and
+``local/terminus:1`` (that and tmux, for Harbor's terminus-2), imported from the host's Debian
+packages: no image registry is used.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / ".ci" / "docker-engine"
 MAKE_ENGINE_DIR = REPO / ".docker"
 BASE_IMAGE = "local/base:1"
+TERMINUS_IMAGE = "local/terminus:1"
 REQUIRE_ENV = "MEDOMNI_REQUIRE_DOCKER"
 SKIP_REASON = (
     "Docker tests need a Docker engine: run `make docker-engine` as root "

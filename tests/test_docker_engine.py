@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.docker_engine import BASE_IMAGE, Engine
+from tests.docker_engine import BASE_IMAGE, TERMINUS_IMAGE, Engine
 
 LABEL = {"medomni-cas.test": "docker-engine"}
 
@@ -29,10 +29,12 @@ def containers(docker_engine: Engine) -> Iterator[list[Any]]:
             c.remove(force=True)
 
 
-def run(engine: Engine, made: list[Any], command: list[str], **kwargs: Any) -> tuple[int, str]:
-    """Run ``command`` in a fresh container of the base image; its exit code and output."""
+def run(
+    engine: Engine, made: list[Any], command: list[str], image: str = BASE_IMAGE, **kwargs: Any
+) -> tuple[int, str]:
+    """Run ``command`` in a fresh container of ``image``; its exit code and output."""
     kwargs.setdefault("network_mode", "none")
-    c = engine.client.containers.run(BASE_IMAGE, command, detach=True, labels=LABEL, **kwargs)
+    c = engine.client.containers.run(image, command, detach=True, labels=LABEL, **kwargs)
     made.append(c)
     status = c.wait(timeout=60)
     return status["StatusCode"], c.logs().decode()
@@ -44,6 +46,19 @@ def test_base_image_runs_bash(docker_engine: Engine, containers: list[Any]) -> N
     code, out = run(docker_engine, containers, ["bash", "-c", 'echo ok "${BASH_VERSINFO[0]}"'])
     assert (code, out.split()[0]) == (0, "ok")
     assert int(out.split()[1]) >= 5
+
+
+def test_terminus_image_runs_a_tmux_session(docker_engine: Engine, containers: list[Any]) -> None:
+    # What Harbor's terminus-2 does in it: a detached session running bash, keys typed into
+    # it, `tmux wait` for the command's end, the pane read back.
+    session = (
+        "tmux new-session -x 160 -y 40 -d -s s 'bash --login' && "
+        "tmux send-keys -t s -- 'echo $((6 * 7)) > /tmp/out; tmux wait -S done' Enter && "
+        "timeout 10s tmux wait done && cat /tmp/out && "
+        "tmux capture-pane -p -t s | grep -c 'wait -S done'"
+    )
+    code, out = run(docker_engine, containers, ["bash", "-c", session], image=TERMINUS_IMAGE)
+    assert (code, out.split()) == (0, ["42", "1"]), out
 
 
 def test_sleep_infinity_then_exec_bash(docker_engine: Engine, containers: list[Any]) -> None:

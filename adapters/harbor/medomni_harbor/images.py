@@ -1,4 +1,5 @@
-"""Images: the agent's (``local/base:1`` by default) and the perception sidecar's.
+"""Images: the agent's (``local/base:1`` by default, ``local/terminus:1`` for terminus-2) and
+the perception sidecar's.
 
 No registry is reachable, so the perception image is built here, ``FROM`` the base image, by
 the engine's legacy builder with no network. It holds no Python: the sidecar runs *this
@@ -32,6 +33,7 @@ __all__ = [
     "AGENT_IMAGE",
     "PERCEPTION_REPO",
     "RUNTIME_LABEL",
+    "TERMINUS_IMAGE",
     "build_perception_image",
     "ensure_perception_image",
     "perception_tag",
@@ -39,6 +41,8 @@ __all__ = [
 ]
 
 AGENT_IMAGE = "local/base:1"
+#: the base image and tmux, which terminus-2 drives (`.ci/docker-engine image` imports both)
+TERMINUS_IMAGE = "local/terminus:1"
 PERCEPTION_REPO = "local/medomni-perception"
 RUNTIME_LABEL = "medomni.perception.runtime"
 ENCODERS_LABEL = "medomni.perception.encoders"

@@ -25,7 +25,9 @@ trials run is a setting of the run, not code:
     compose``). Any other Harbor environment type (``daytona``, ``modal``, ``e2b``,
     ``runloop``...), or ``module:Class``. See the README for what holds where.
 ``concurrency``   trials at once (default 2)
-``image``         the agent's image (default ``local/base:1``)
+``image``         the agent's image, for every agent config (default: the config's
+                  ``settings.image``, else ``local/base:1``; terminus-2's configs name
+                  ``local/terminus:1``, which has tmux)
 ``docker_host``   the engine (default ``$DOCKER_HOST``)
 ``perception_image``  default: the tag `medomni_harbor.images` derives for this machine
 ``keep_tasks``    keep the rendered task folders after the job
@@ -129,7 +131,10 @@ class HarborRunner(Runner):
     ) -> None:
         self.environment = str(_option(environment, "environment", "docker"))
         self.concurrency = int(_option(concurrency, "concurrency", 2))
-        self.image = str(_option(image, "image", images.AGENT_IMAGE))
+        #: the image given for this run (it wins over an agent config's ``settings.image``)
+        self.given_image = _option(image, "image", None)
+        #: the image without an agent config: the base of the perception image
+        self.image = str(self.given_image or images.AGENT_IMAGE)
         self.docker_host = _option(docker_host, "docker_host", None)
         self._perception_image = _option(perception_image, "perception_image", None)
         self.sidecar_cpus = sidecar_cpus
@@ -161,6 +166,15 @@ class HarborRunner(Runner):
         if self.environment == "harbor-docker" or self.environment in _LOCAL_TYPES:
             return self.environment, "harbor-container"
         return self.environment, "remote"
+
+    def agent_image(self, job: Job) -> str:
+        """The image the job's trials run in: the run's ``image`` when given, else the agent
+        config's ``settings.image`` (a scaffold that needs tools in the container, such as
+        terminus-2's tmux), else the base image."""
+        if self.given_image:
+            return str(self.given_image)
+        named = job.agent.options.get("image")
+        return named if isinstance(named, str) and named else self.image
 
     def perception_image(self) -> str:
         if self._perception_image is None:
@@ -274,12 +288,13 @@ class HarborRunner(Runner):
         except Exception as e:
             return [f"no Docker engine answers at {host}: {e}"]
         problems = []
+        image = self.agent_image(job)
         try:
-            c.images.get(self.image)
+            c.images.get(image)
         except docker.errors.ImageNotFound:
             return [
-                f"the agent image {self.image} is not on the engine at {host} "
-                "(`bash .ci/docker-engine image` imports local/base:1)"
+                f"the agent image {image} is not on the engine at {host} "
+                "(`bash .ci/docker-engine image` imports local/base:1 and local/terminus:1)"
             ]
         if job.encoders != "none":
             tag = self.perception_image()
@@ -300,8 +315,9 @@ class HarborRunner(Runner):
         tasks = root / "tasks"
         tasks.mkdir(parents=True, exist_ok=True)
         answers = _oracle_answers(job) if job.agent.scaffold == "oracle" else {}
+        image = self.agent_image(job)
         for spec in job.trials:
-            render_task(job, spec, tasks, image=self.image, oracle_answer=answers.get(spec.atom_id))
+            render_task(job, spec, tasks, image=image, oracle_answer=answers.get(spec.atom_id))
         if job.agent.scaffold == "replay":
             self._write_replays(job, root / "replay")
         if self.ours:
