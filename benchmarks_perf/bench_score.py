@@ -55,6 +55,7 @@ from medomni_cas.bench.records import (
 from medomni_cas.bench.refnames import answers_ref
 from medomni_cas.bench.scorer import score_jobs
 from medomni_cas.store.backends.lmdb import LMDBBackend
+from medomni_cas.store.encoding import encode
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.studio.records import (
     AnswerKey,
@@ -88,6 +89,13 @@ class ScoreSet:
 
 def _id(rng: np.random.Generator) -> ObjectId:
     return ObjectId(rng.bytes(32))
+
+
+def _put_linking_ids(store: mc.Store, record: mc.Record) -> ObjectId:
+    """A record whose links are ids only (atoms, which the scorer never reads): put as
+    raw bytes, the plumbing that trusts its caller, as `Store.put` refuses what links an
+    object that is not stored."""
+    return store.put_raw(encode(record))
 
 
 def _set_build(store: mc.Store, sizes: ScoreSizes, rng: np.random.Generator) -> ObjectId:
@@ -149,9 +157,17 @@ def _set_build(store: mc.Store, sizes: ScoreSizes, rng: np.random.Generator) -> 
                 atoms=tuple(_id(rng) for _ in range(per_pair)),
             )
             entries.append(
-                SetEntry(pair=pair, version="1.0", arm=arm, config=config, result=store.put(result))
+                SetEntry(
+                    pair=pair,
+                    version="1.0",
+                    arm=arm,
+                    config=config,
+                    result=_put_linking_ids(store, result),
+                )
             )
-    return store.put(SetBuild(task_set=_id(rng), entries=tuple(entries)))
+    # the scorer links the task set from its result, so it is stored (as a stand-in blob)
+    task_set = store.put_blob(b"the task set of the scoring benchmark")
+    return store.put(SetBuild(task_set=task_set, entries=tuple(entries)))
 
 
 def build_scoring(path: Path, sizes: ScoreSizes) -> ScoreSet:

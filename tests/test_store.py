@@ -6,7 +6,8 @@ import pytest
 
 import medomni_cas as mc
 from medomni_cas.store.blobs import blob_object
-from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.encoding import encode
+from medomni_cas.store.ids import ObjectId, hash_bytes
 
 
 class Note(mc.Record, kw_only=True):
@@ -102,10 +103,28 @@ def test_closure_and_walk(store: mc.Store) -> None:
     assert walked[:2] == [top, ids[10]]
 
 
+def test_put_refuses_a_record_whose_links_are_not_stored(store: mc.Store) -> None:
+    """An object is present only when all it links is: put, put_many and put_object refuse
+    a parent before its child (one presence check a batch), naming both."""
+    ghost = ObjectId(b"\x42" * 32)
+    with pytest.raises(mc.NotFound, match=r"4242.*linked by"):
+        store.put(Note(text="dangling", parent=ghost))
+    with pytest.raises(mc.NotFound, match="4242"):
+        store.put_many([Note(text="fine"), Note(text="dangling", parent=ghost)])
+    with pytest.raises(mc.NotFound, match="4242"):
+        store.put_object("test-raw", 1, {"link": ghost})
+    assert list(store.iter_ids()) == []
+    # links within one batch count as stored: the child may come later in it
+    child = Note(text="child")
+    ids = store.put_many([Note(text="parent", parent=hash_bytes(encode(child))), child])
+    assert store.get(ids[0], Note).parent == ids[1]
+
+
 def test_walk_names_missing_object(store: mc.Store) -> None:
     ghost = ObjectId(b"\x42" * 32)
-    # a record may link to an object that is not (yet) here: walking it names the gap
-    top = store.put(Note(text="dangling", parent=ghost))
+    # a store whose child went missing (put_raw is the plumbing that trusts its caller):
+    # walking it names the gap
+    top = store.put_raw(encode(Note(text="dangling", parent=ghost)))
     with pytest.raises(mc.NotFound, match="4242"):
         store.closure(top)
     assert dict(store.walk([top], allow_missing=True))[ghost] is None

@@ -8,7 +8,7 @@ bytes that hash to its id (see `Backend.put_many`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import compress
 from typing import Any, BinaryIO, Literal, TypeVar, cast, overload
 
@@ -92,8 +92,27 @@ class Store:
 
     def _put_encoded(self, data: bytes) -> ObjectId:
         oid = hash_bytes(data)
+        self._check_links([(oid, data)])
         self.backend.put_many(((oid, data),))
         return oid
+
+    def _check_links(self, batch: Sequence[tuple[ObjectId, bytes]]) -> None:
+        """Refuse a batch with an object that links one neither stored nor in the batch:
+        an object is present only when all it links is (so fsck, sync and gc never meet a
+        parent whose child was never written). One presence check a batch."""
+        ids = {oid for oid, _ in batch}
+        wanted = {x for oid, data in batch for x in encoding.links(data)} - ids
+        if not wanted:
+            return
+        absent = self.backend.missing(list(wanted))
+        if absent:
+            gone = ObjectId(absent[0])
+            parent = next(oid for oid, data in batch if gone in encoding.links(data))
+            raise NotFound(
+                "object",
+                f"{gone} (linked by {parent}, which is not stored: write what an object "
+                "links before it)",
+            )
 
     def put_many(
         self, records: Iterable[Record], *, progress: Progress | None = None
@@ -108,6 +127,7 @@ class Store:
             batch.append((id_from_digest(hasher(data).digest()), data))
             nbytes += len(data)
             if len(batch) >= _PUT_ITEMS or nbytes >= _PUT_BYTES:
+                self._check_links(batch)
                 self.backend.put_many(batch)
                 out.extend(k for k, _ in batch)
                 batch = []
@@ -115,6 +135,7 @@ class Store:
                 if progress:
                     progress(len(out))
         if batch:
+            self._check_links(batch)
             self.backend.put_many(batch)
             out.extend(k for k, _ in batch)
             if progress:
