@@ -100,8 +100,12 @@ class Store:
         """Refuse a batch with an object that links one neither stored nor in the batch:
         an object is present only when all it links is (so fsck, sync and gc never meet a
         parent whose child was never written). One presence check a batch."""
-        ids = {oid for oid, _ in batch}
-        wanted = {x for oid, data in batch for x in encoding.links(data)} - ids
+        datas = [data for _, data in batch]
+        if not any(encoding.LINK_MARK in d for d in datas):
+            return
+        # the batched link reader (a few C-level passes a kind), as walks read links
+        found, _, _ = BatchReader().links(datas, owners=False)
+        wanted = set(found).difference(oid for oid, _ in batch)
         if not wanted:
             return
         absent = self.backend.missing(list(wanted))
