@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,26 +27,12 @@ from medomni_cas.store.backends.fsspec import FsspecBackend
 from medomni_cas.store.blobs import blob_object
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.verify import fsck
+from tests._cli import medomni
 from tests.test_backends import BUCKET, s3_endpoint  # noqa: F401 - a fixture
 
 SET = "medomni-bench/small"
 CKD = "synth-ehr_ckd-staging@n20"
 NOP = "no-perception"
-
-
-_MAIN = "import sys; from medomni_cas.cli.main import main; sys.exit(main())"
-
-
-def medomni(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``medomni ARGV`` in a fresh process, this environment (PYTHONPATH, AWS_*) passed on."""
-    return subprocess.run(
-        [sys.executable, "-c", _MAIN, *argv],
-        cwd=cwd,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str], *names: str) -> None:

@@ -9,9 +9,6 @@ bundle holds no patient id and no answer, and its manifest says ``configs-only``
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,23 +17,11 @@ import medomni_cas as mc
 from medomni_cas.store.bundle import export_bundle, read_bundle_header
 from medomni_cas.studio.records import AnswerKey, BuildResult, Content
 from medomni_cas.studio.tasksets import CONFIGS_ONLY, WITH_DATA, build_set, publish, show_set
+from tests._cli import medomni
 from tests._sets import small_tree
 
 SET = "medomni-bench/small"
 CKD = "synth-ehr_ckd-staging@n20"
-_MAIN = "import sys; from medomni_cas.cli.main import main; sys.exit(main())"
-
-
-def medomni(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``medomni ARGV`` in a fresh process, this environment (PYTHONPATH) passed on."""
-    return subprocess.run(
-        [sys.executable, "-c", _MAIN, *argv],
-        cwd=cwd,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")
