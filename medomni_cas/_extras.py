@@ -7,6 +7,8 @@ time of a core module::
     notebook    pandas, ipywidgets       tables such as ws.runs_df(); widget progress bars
     bench       starlette, uvicorn       the perception gateway of encoder arms
     s3          s3fs                     s3:// stores (fsspec names it itself)
+    compare     scipy, matplotlib        paired tests between arms; ladder and forest plots
+    attest      cryptography             signed attestations of results (Ed25519, DSSE)
 
 ``require("pandas", "notebook")`` returns the module, or raises `MissingExtra` whose message
 is the command that fixes it.
