@@ -6,10 +6,10 @@ the README's commands work from the repository's root with no flags. The demo:
 
 1. generates the example dataset (`examples.synth`, 200 patients, seed 0) into
    ``examples/studio/datasets/synth-ehr/data`` if it is not there yet;
-2. builds the task set medomni-bench/v1 under all four arms;
+2. builds the task set medomni-bench/v2 under all four arms;
 3. runs the deterministic baseline agent (medomni_cas/bench/baseline.py) with the process
    runner, the perception gateway attached on the encoder arms;
-4. scores the runs, writes ``results/medomni-bench.v1/`` and prints the results table;
+4. scores the runs, writes ``results/medomni-bench.v2/`` and prints the results table;
 5. prints the audit summary of the result and re-hashes its whole closure.
 
 Running it again resumes: every slot already has a run, so nothing runs again, and the
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 #: The example workspace: the repository's root, whatever the current directory.
 WORKSPACE = Path(__file__).resolve().parent.parent
-SET = "medomni-bench/v1"
+SET = "medomni-bench/v2"
 
 
 def _say(step: str, text: str) -> None:

@@ -57,11 +57,11 @@ def test_readme_commands_work_from_the_root(
     )  # as `make demo`
     monkeypatch.chdir(repo)
 
-    code = main(["studio", "taskset", "build", "medomni-bench/v1"])
+    code = main(["studio", "taskset", "build", "medomni-bench/v2"])
     out, err = capsys.readouterr()
     assert code == 0, err
     code = main(
-        ["bench", "run", "medomni-bench/v1", "--agent", "baseline", "--arm", "no-perception"]
+        ["bench", "run", "medomni-bench/v2", "--agent", "baseline", "--arm", "no-perception"]
     )
     out, err = capsys.readouterr()
     assert code == 0, err

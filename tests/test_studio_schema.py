@@ -43,7 +43,12 @@ def test_example_studio_loads() -> None:
     assert sorted(studio.templates) == ["synth-ehr_ckd-staging", "synth-ehr_hba1c-next"]
     for tf in studio.templates.values():
         assert sorted(tf.cohorts) == ["n20", "n50"]
-        assert all(c.version == s.Version(1, 0) for c in tf.cohorts.values())
+        moved = tf.name == "synth-ehr_ckd-staging"  # its n50 went nested at 2.0; 1.0 is kept
+        assert {k: str(c.version) for k, c in tf.cohorts.items()} == {
+            "n20": "1.0",
+            "n50": "2.0" if moved else "1.0",
+        }
+        assert {k: sorted(v) for k, v in tf.kept.items()} == ({"n50": [1]} if moved else {})
         assert tf.template.evidence == ("default",)
         assert tf.ladder is not None and tf.ladder.cohort == "n20"
         assert tf.ladder.families("r1") == ("demographics",)
@@ -62,6 +67,11 @@ def test_example_benchmark_loads() -> None:
         f"synth-ehr_{t}@{c}" for t in ("ckd-staging", "hba1c-next") for c in ("n20", "n50")
     }
     assert all(p.n == 1 for p in v1.pairs)
+    ckd50 = "synth-ehr_ckd-staging@n50"
+    assert list(bench.frozen["v1"]) == [ckd50] and bench.frozen["v1"][ckd50].kept is not None
+    v2 = bench.sets["v2"]
+    assert (v2.builder, v2.arms) == (v1.builder, v1.arms) and bench.frozen["v2"] == {}
+    assert {p.task: p.n for p in v2.pairs} == {p.task: p.n for p in v1.pairs} | {ckd50: 2}
 
 
 def test_single_file_loaders() -> None:
@@ -202,8 +212,8 @@ CASES = [
     ("ladder-cohort", LAD, "cohort: n20", "cohort: n30", _studio, "cohort:", "cohort",
      "no cohort 'n30'"),
     # benchmark and sets
-    ("set-n", V1, "synth-ehr_ckd-staging@n50, n: 1", "synth-ehr_ckd-staging@n50, n: 2",
-     _bench, "@n50, n: 2", "pairs[1].n", "pinned at N=2, but synth-ehr_ckd-staging@n50 is at"),
+    ("set-n", V1, "synth-ehr_ckd-staging@n50, n: 1", "synth-ehr_ckd-staging@n50, n: 3",
+     _bench, "@n50, n: 3", "pairs[1].n", "pinned at N=3, but synth-ehr_ckd-staging@n50 is at"),
     ("set-cohort", V1, "ckd-staging@n50", "ckd-staging@n99", _bench, "@n99",
      "pairs[1].task", "has no cohort 'n99'"),
     ("set-template", V1, "synth-ehr_hba1c-next@n20", "synth-ehr_glucose@n20", _bench,

@@ -21,8 +21,8 @@ from medomni_cas.cli.main import main
 from medomni_cas.store import trees
 from medomni_cas.studio.arms import BUILDER, arm_build
 from medomni_cas.studio.build import config_for
-from medomni_cas.studio.folders import load_studio
-from medomni_cas.studio.records import AtomTask, BuildConfig, BuildResult, Content
+from medomni_cas.studio.folders import at_pins, load_set, load_studio
+from medomni_cas.studio.records import AnswerKey, AtomTask, BuildConfig, BuildResult, Content
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CKD, A1C = "synth-ehr_ckd-staging", "synth-ehr_hba1c-next"
@@ -143,15 +143,22 @@ def test_a_frozen_set_with_no_build_here_says_where_to_get_one(
 
 
 # -- "the patients of n20 are the first ones of n50" --------------------------------------------
-# Config hashes of the example's pairs before issue 14 (data-free, so the same everywhere):
-# the cohort files as they are keep their ids, whatever the new selection rule does.
+# Config hashes of the example's pairs as v1 pins them, from before issue 14 (data-free, so
+# the same everywhere): v1 keeps its ids, whatever moved since. v2's, pinned since.
 EXAMPLE_CONFIGS = "069440b4366c6a45e06dc98a7eeeba4d28fb78cad0ce794a17381b48181e757b"
+EXAMPLE_CONFIGS_V2 = "c58ab4906202e09580b699b7e010991f5853210c263dc7cc78283a0764033758"
 
 
-def test_the_example_configs_keep_their_ids() -> None:
+def _set_configs(set_name: str) -> str:
+    """One hash of every config of every template's cohorts as set ``set_name`` pins them."""
     studio = load_studio(EXAMPLES / "studio")
+    ts = load_set(EXAMPLES / "bench/benchmarks/medomni-bench/sets" / f"{set_name}.yaml")
+    pins: dict[str, dict[str, int]] = {}
+    for p in ts.pairs:
+        pins.setdefault(p.template, {})[p.cohort] = p.n
     lines = []
-    for name, tf in sorted(studio.templates.items()):
+    for name, loaded in sorted(studio.templates.items()):
+        tf = at_pins(loaded, pins[name])
         for c in sorted(tf.cohorts):
             for arm in ("encoders", "no-perception", "encoders-required", "modality-ladder"):
                 ab = arm_build(BUILDER, arm)
@@ -161,7 +168,17 @@ def test_the_example_configs_keep_their_ids() -> None:
                     cfg = config_for(tf, c, ab, v)
                     oid = mc.ObjectId.from_hex(blake3.blake3(_bytes(cfg)).hexdigest())
                     lines.append(f"{name}@{c} {arm} {v.name} {oid.hex()}")
-    assert blake3.blake3("\n".join(lines).encode()).hexdigest() == EXAMPLE_CONFIGS
+    return blake3.blake3("\n".join(lines).encode()).hexdigest()
+
+
+def test_the_example_configs_keep_their_ids() -> None:
+    assert _set_configs("v1") == EXAMPLE_CONFIGS
+    assert _set_configs("v2") == EXAMPLE_CONFIGS_V2
+    # v1 pins n50 below its N and builds it from the file kept at N=1; v2 pins the new N
+    studio = load_studio(EXAMPLES / "studio")
+    n50 = studio.templates[CKD].cohorts["n50"]
+    assert (str(n50.version), n50.selection) == ("2.0", "nested")
+    assert str(studio.templates[CKD].kept["n50"][1].version) == "1.0"
 
 
 def _bytes(cfg: BuildConfig) -> bytes:
@@ -189,41 +206,119 @@ def _patients(capsys: pytest.CaptureFixture[str], pair: str, data: Path) -> list
     return list(_content("lmdb://.medomni/store", result).patients)
 
 
-def test_n20_is_the_first_twenty_of_n50_under_the_nested_rule(
+def _set_results(capsys: pytest.CaptureFixture[str], name: str, data: Path) -> Any:
+    built = cli_json(capsys, "studio", "taskset", "build", name, "--data-root", str(data))
+    return built, {b["pair"].partition("@")[2]: b["result"] for b in built["builds"]}
+
+
+def _classes(store_url: str, result: str) -> dict[str, str]:
+    with mc.open(store_url) as store:
+        res = store.get(mc.ObjectId.from_hex(result), BuildResult)
+        key = store.get(res.answer_key, AnswerKey)
+    return {p: str(v["ckd_stage"]) for p, v in key.values.items()}
+
+
+def test_v2_puts_n20_first_in_n50_while_v1_keeps_its_ids(
     capsys: pytest.CaptureFixture[str], ws: Path, data: Path
 ) -> None:
-    # the files as they are keep the rule they were built with, and so their ids: n20 is
-    # within n50 (here at positions 0-13, 16-18, 22, 23 and 31), not its first twenty
-    results = {c: _build(capsys, f"{CKD}@{c}", data) for c in ("n20", "n50")}
-    assert results == BUILT_BEFORE
-    n20, legacy = (list(_content("lmdb://.medomni/store", results[c]).patients) for c in results)
+    # the example's sets, on the CKD pairs, under one arm (the data-free configs of every
+    # arm are pinned above); v2 first, so that v1 then builds beside a later N
+    v1, v2 = ([(f"{CKD}@n20", 1), (f"{CKD}@n50", n)] for n in (1, 2))
+    _write_set(ws, "v1", v1, ["no-perception"])
+    _write_set(ws, "v2", v2, ["no-perception"])
+    built2, new = _set_results(capsys, "medomni-bench/v2", data)
+    assert built2["frozen"] == [] and new["n20"] == BUILT_BEFORE["n20"]
+    store = "lmdb://.medomni/store"
+    n20, nested = (list(_content(store, new[c]).patients) for c in ("n20", "n50"))
+    assert nested[:20] == n20
+    # for every class: n20's patients of the class are n50's first ones of it, in order
+    classes = _classes(store, new["n50"])
+    for cls in sorted(set(classes.values())):
+        of = [p for p in nested if classes[p] == cls]
+        mine = [p for p in n20 if classes[p] == cls]
+        assert mine and of[: len(mine)] == mine, cls
+    # v1 builds to the ids it was built to, from cohorts/N1/n50.yaml, and says it is frozen
+    for _ in range(2):
+        built1, old = _set_results(capsys, "medomni-bench/v1", data)
+        assert old == BUILT_BEFORE
+        kept = str(ws / TASKS / CKD / "cohorts/N1/n50.yaml")
+        assert built1["frozen"] == [{"pair": f"{CKD}@n50", "n": 1, "version": "2.0", "kept": kept}]
+    legacy = list(_content(store, old["n50"]).patients)
+    assert set(legacy) == set(nested) and legacy[:20] != n20
     assert [legacy.index(p) for p in n20] == [*range(14), 16, 17, 18, 22, 23, 31]
-    # and the build says so, with the line that would change it
-    again = cli_json(capsys, "studio", "task", "build", f"{CKD}@n50", "--arm", "no-perception",
-                     "--data-root", str(data))  # fmt: skip
-    assert len(again["notes"]) == 1 and "n20 are within it, not its first" in again["notes"][0]
-    assert "selection: nested" in again["notes"][0]
-    # `selection: nested` changes the order: without a new N it is refused, naming the field
+    code, out, _ = cli(capsys, "studio", "taskset", "build", "medomni-bench/v1", "--data-root",
+                       str(data))  # fmt: skip
+    assert code == 0 and f"frozen at N=1 (its cohort file is at 2.0): built from {kept}" in out
+    # and v2 again: unchanged, the later N's builds untouched by v1's
+    assert _set_results(capsys, "medomni-bench/v2", data)[1] == new
+    # the kept file cannot change without the version rise it needs, within its N
+    _edit(ws / TASKS / CKD / "cohorts/N1/n50.yaml", "selection: first", "selection: nested")
+    code, _, err = cli(capsys, "studio", "taskset", "build", "medomni-bench/v1", "--data-root",
+                       str(data))  # fmt: skip
+    assert code == 2 and "n50: cohort changed" in err and 'version: "2.0"' in err
+
+
+def test_a_cohort_file_says_its_selection_where_the_rules_differ(
+    capsys: pytest.CaptureFixture[str], ws: Path, data: Path
+) -> None:
+    """A new per-class cohort with a smaller one of the same recipe within it does not get
+    the first rule silently: it is refused until it says which; ``first`` keeps the ids of
+    a file built before ``nested`` existed, and the build notes what nesting would do."""
+    kept = kept_n50()
+    shutil.rmtree(ws / TASKS / CKD / "cohorts/N1")  # n20 and n40 alone: no nested n50
+    _cohort(ws, CKD, "n50").unlink()
+    n40 = _cohort(ws, CKD, "n40")
+    n40.write_text(
+        kept.replace("selection: first\n", "")
+        .replace("n: 50", "n: 40")
+        .replace("{G1: 9, G2: 9, G3a: 8, G3b: 8, G4: 8, G5: 8}", _counts(8, 8, 6))
+    )
+    code, _, err = cli(capsys, "studio", "task", "build", f"{CKD}@n40", "--data-root", str(data))
+    assert code == 2 and f"{n40}:" in err and "selection" in err and "n20" in err
+    assert "selection: nested" in err and "selection: first" in err
+    # `first` builds, and says what `nested` would do; it encodes as no key (the old ids)
+    _edit(n40, "seed: 0", "seed: 0\nselection: first")
+    got = cli_json(capsys, "studio", "task", "build", f"{CKD}@n40", "--arm", "no-perception",
+                   "--data-root", str(data))  # fmt: skip
+    assert len(got["notes"]) == 1 and "n20 are within it, not its first" in got["notes"][0]
+    assert "selection: nested" in got["notes"][0]
+    with mc.open("lmdb://.medomni/store") as store:
+        cfg = store.get(mc.ObjectId.from_hex(got["builds"][0]["config_hash"]), BuildConfig)
+    assert "selection" not in cfg.cohort
+    # the smallest cohort, or one without per-class counts, needs no word: the rules agree
+    assert "selection" not in _cohort(ws, CKD, "n20").read_text()
+    assert "selection" not in _cohort(ws, A1C, "n50").read_text()
+
+
+def test_nested_without_a_new_n_is_refused(
+    capsys: pytest.CaptureFixture[str], ws: Path, data: Path
+) -> None:
+    # n50 as built at 1.0 (the kept file, now the cohort's own), then nested at 1.1
     n50 = _cohort(ws, CKD, "n50")
-    _edit(n50, 'version: "1.0"', 'version: "1.1"\nselection: nested')
+    shutil.rmtree(ws / TASKS / CKD / "cohorts/N1")
+    n50.write_text(kept_n50())
+    assert _build(capsys, f"{CKD}@n50", data) == BUILT_BEFORE["n50"]
+    _edit(n50, 'version: "1.0"', 'version: "1.1"')
+    _edit(n50, "selection: first", "selection: nested")
     code, _, err = cli(
         capsys, "studio", "task", "build", f"{CKD}@n50", "--arm", "no-perception",
         "--data-root", str(data),
     )  # fmt: skip
     assert code == 2 and "n50: cohort changed" in err and 'version: "2.0"' in err
-    # at 2.0, n20 is the first twenty of n50: the same patients, n20's in its own order first
     _edit(n50, 'version: "1.1"', 'version: "2.0"')
-    nested = _patients(capsys, f"{CKD}@n50", data)
-    assert nested[:20] == n20 and set(nested) == set(legacy)
     code, out, _ = cli(capsys, "studio", "task", "build", f"{CKD}@n50", "--data-root", str(data))
     assert code == 0 and "note:" not in out
+
+
+def kept_n50() -> str:
+    return (EXAMPLES / "studio/datasets/synth-ehr/tasks" / CKD / "cohorts/N1/n50.yaml").read_text()
 
 
 def test_a_chain_of_three_nests_and_a_smaller_cohort_that_does_not_fit_is_refused(
     capsys: pytest.CaptureFixture[str], ws: Path, data: Path
 ) -> None:
     n50 = _cohort(ws, CKD, "n50")
-    _edit(n50, 'version: "1.0"', 'version: "1.0"\nselection: nested')
+    assert "selection: nested" in n50.read_text()
     n30 = n50.with_name("n30.yaml")
     text = n50.read_text().replace("n: 50", "n: 30")
     n30.write_text(text.replace("{G1: 9, G2: 9, G3a: 8, G3b: 8, G4: 8, G5: 8}", _counts(5, 5, 5)))
@@ -345,9 +440,9 @@ def test_rebuild_needs_only_the_bundle_and_ones_own_dataset(
 
 
 def _publish(
-    capsys: pytest.CaptureFixture[str], ws: Path, data: Path, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], ws: Path, data: Path, tmp_path: Path, n50: int = 1
 ) -> tuple[Path, Any]:
-    pairs = [(f"{CKD}@n20", 1), (f"{CKD}@n50", 1), (f"{A1C}@n20", 1)]
+    pairs = [(f"{CKD}@n20", 1), (f"{CKD}@n50", n50), (f"{A1C}@n20", 1)]
     _write_set(ws, "v1", pairs, ["no-perception", "modality-ladder"])
     built = cli_json(
         capsys, "studio", "taskset", "build", "medomni-bench/v1", "--data-root", str(data)
@@ -376,8 +471,7 @@ def test_rebuild_rederives_the_selection_rule_its_configs_name(
 ) -> None:
     """A nested cohort's config carries what the rule needs (the smaller cohorts' counts),
     so the rebuild, which has no cohort files, puts n20's patients first again."""
-    _edit(_cohort(ws, CKD, "n50"), 'version: "1.0"', 'version: "1.0"\nselection: nested')
-    bundle, built = _publish(capsys, ws, data, tmp_path)
+    bundle, built = _publish(capsys, ws, data, tmp_path, n50=2)
     mine = _own_dataset(tmp_path)
     store = f"lmdb://{mine}/store"
     rebuilt = cli_json(

@@ -260,13 +260,14 @@ def test_signed_off_template_needs_version_rises(tree: Path, data: Path) -> None
     assert store.refs[f"studio/signoff/{CKD}"] == rid
     tpl = folder_path / "template.yaml"
     tpl.write_text(tpl.read_text().replace("Estimate this", "Estimate, please, this"))
-    with pytest.raises(VersionError, match=r"template\.agent \(signed off\).*1\.1"):
-        build_pair(store, studio, CKD, "n50", data_root=data)
+    with pytest.raises(VersionError, match=r"template\.agent \(signed off\).*2\.1"):
+        build_pair(store, studio, CKD, "n50", data_root=data)  # n50 is at 2.0: X rises to 2.1
     with pytest.raises(VersionError):
         signoff(store, load_template(folder_path))  # re-signing needs the rise too
     for c in ("n20", "n50"):
         p = folder_path / "cohorts" / f"{c}.yaml"
-        p.write_text(p.read_text().replace('version: "1.0"', 'version: "1.1"'))
+        text = p.read_text()
+        p.write_text(text.replace('version: "1.0"', 'version: "1.1"').replace('"2.0"', '"2.1"'))
     build_pair(store, studio, CKD, "n50", data_root=data)
     # a metric change is a comparability change: X is not enough
     tpl.write_text(tpl.read_text().replace("metric: macro_f1", "metric: accuracy"))

@@ -101,22 +101,24 @@ def cmd_taskset_build(args: argparse.Namespace) -> int:
         "build": built.build,
         "builds": [_built_row(x) for x in built.builds],
         "frozen": [
-            {"pair": f.task, "n": f.pinned, "version": str(f.version)} for f in built.frozen
+            {"pair": f.task, "n": f.pinned, "version": str(f.version)}
+            | ({"kept": str(f.kept)} if f.kept is not None else {})
+            for f in built.frozen
         ],
         "notes": nesting_notes(studio, [b.pair for b in built.builds]),
     }
     lines = [_built_line(x) for x in built.builds]
     lines += [
-        f"{f.task:<36} frozen at N={f.pinned} (its cohort file is at {f.version}): kept "
-        "from the last build"
+        f"{f.task:<36} frozen at N={f.pinned} (its cohort file is at {f.version}): "
+        + (f"built from {f.kept}" if f.kept is not None else "kept from the last build")
         for f in built.frozen
     ]
     lines.append(f"task set {built.name}: {built.task_set.hex()} (build {built.build.hex()[:12]})")
     lines += [f"note: {n}" for n in data["notes"]]
     if built.frozen:
         lines.append(
-            f"  frozen: it keeps its last build for {len(built.frozen)} pair(s) whose cohort "
-            "moved to a new N; a new N enters only a new task set"
+            f"  frozen: {len(built.frozen)} pair(s) whose cohort moved to a new N stay at the "
+            "N this set pins (a new N enters only a new task set)"
         )
     emit(args, to_builtins(data), lines)
     return EXIT_OK

@@ -56,7 +56,7 @@ FILES: tuple[UserFile, ...] = (
         "Cohort file",
         Cohort,
         "studio/datasets/<dataset>/tasks/<template>/cohorts/<cohort>.yaml",
-        ("**/tasks/*/cohorts/*.yaml",),
+        ("**/tasks/*/cohorts/*.yaml", "**/tasks/*/cohorts/N*/*.yaml"),
     ),
     UserFile(
         "ladder",

@@ -17,7 +17,7 @@ is compared with (`VersionError`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from medomni_cas.studio.arrays import array_digest
 from medomni_cas.studio.cohorts import PREFIX_KEY, nested_prefix
 from medomni_cas.studio.errors import BuildError, VersionError
 from medomni_cas.studio.evidence import Selection, evidence_files, select_cohort
-from medomni_cas.studio.folders import TemplateFolder, find_template, load_template
+from medomni_cas.studio.folders import TemplateFolder, at_pins, find_template, load_template
 from medomni_cas.studio.labels import Recipe, read_table
 from medomni_cas.studio.records import (
     COMPARABILITY,
@@ -47,8 +47,16 @@ from medomni_cas.studio.records import (
     FormatCheck,
     TargetShape,
 )
-from medomni_cas.studio.refnames import build_cache_ref, pair_ref
-from medomni_cas.studio.schema import LADDER_ARM, Cohort, Dataset, SpecError, Template, Version
+from medomni_cas.studio.refnames import build_cache_ref, kept_pair_ref, pair_ref
+from medomni_cas.studio.schema import (
+    FIRST,
+    LADDER_ARM,
+    Cohort,
+    Dataset,
+    SpecError,
+    Template,
+    Version,
+)
 from medomni_cas.studio.signoff import check_signoff
 from medomni_cas.studio.specfile import convert
 
@@ -102,7 +110,7 @@ def config_for(
     del template["targets"]
     cohort_dict = _builtins(cohort)
     del cohort_dict["version"]
-    if not cohort_dict.get("selection"):
+    if cohort_dict.get("selection") in ("", FIRST):
         # the first rule is no key at all, so cohorts written before it keep their ids
         cohort_dict.pop("selection", None)
     prefix = nested_prefix(folder.cohorts, cohort_name)
@@ -334,17 +342,23 @@ def build_pair(
     arms: Sequence[str] | None = None,
     data_root: str | Path | None = None,
     progress: Progress | None = None,
+    pins: Mapping[str, int] | None = None,
 ) -> list[Built]:
     """Build ``template_name@cohort_name`` under ``arms`` (default: the three encoder arms,
     and modality-ladder when the cohort is its ladder cohort); one `Built` per arm/variant.
 
     ``data_root`` is where the dataset's relative file paths resolve (default: its folder).
     Every config is checked against the pair's last build before anything is written.
+    ``pins`` (cohort -> N, a set's): a cohort pinned below its N builds from its file kept
+    at that N (`at_pins`); its builds are checked against, and recorded as, the last build
+    at that N (`kept_pair_ref`), so the latest N's stay apart.
     """
     folder_path = find_template(studio_root, template_name)
     if folder_path is None:
         raise BuildError(f"no template {template_name!r} under {studio_root}/datasets/*/tasks/")
     folder = load_template(folder_path)
+    if pins:
+        folder = at_pins(folder, pins)
     if cohort_name not in folder.cohorts:
         have = ", ".join(folder.cohorts) or "none"
         raise SpecError(folder_path / "cohorts", None, "", f"no cohort {cohort_name!r} ({have})")
@@ -362,9 +376,8 @@ def build_pair(
         cohort = ab.cohort(folder, cohort_name)
         for v in ab.variants(folder):
             cfg = config_for(folder, cohort, ab, v)
-            last = store.refs.get(pair_ref(cfg.pair, ab.name, v.name))
-            if last is not None:
-                old = store.get(store.get(last, BuildResult).config, BuildConfig)
+            old = _last_config(store, folder, cohort, cfg, ab.name, v.name)
+            if old is not None:
                 _check_version(old, cfg)
             plan.append((ab, v, cohort, cfg))
 
@@ -385,13 +398,39 @@ def build_pair(
             say(f"{cfg.pair}: rendering {ab.name}{'.' + v.name if v.name else ''}")
             result = store.put(_render(store, folder, cfg, ab, v, contents[cohort]))
             store.refs.add_if_new(cache, result, f"build {cfg.pair} {ab.name} {v.name}".strip())
-        ref = pair_ref(cfg.pair, ab.name, v.name)
+        ref = _lane(folder, cohort, cfg, ab.name, v.name)
         if store.refs.get(ref) != result:
             store.refs.update(
                 ref, _set_to(result), message=f"build {cfg.pair} version {cfg.version}"
             )
         out.append(Built(cfg.pair, ab.name, v.name, result, cfg_id, cached))
     return out
+
+
+def _lane(folder: TemplateFolder, cohort: str, cfg: BuildConfig, arm: str, variant: str) -> str:
+    """The ref of the pair's last build that this one follows: the latest N's, or the kept
+    N's for a cohort a set pins below its N."""
+    if cohort in folder.pinned_below:
+        return kept_pair_ref(cfg.pair, Version.parse(cfg.version).n, arm, variant)
+    return pair_ref(cfg.pair, arm, variant)
+
+
+def _last_config(
+    store: Store, folder: TemplateFolder, cohort: str, cfg: BuildConfig, arm: str, variant: str
+) -> BuildConfig | None:
+    """The config of the build ``cfg`` follows: its lane's last, or for a kept N built
+    here first, the latest N's last while that was still at the same N (built before the
+    cohort moved on)."""
+    last = store.refs.get(_lane(folder, cohort, cfg, arm, variant))
+    if last is None and cohort in folder.pinned_below:
+        last = store.refs.get(pair_ref(cfg.pair, arm, variant))
+        if last is not None:
+            old = store.get(store.get(last, BuildResult).config, BuildConfig)
+            same_n = Version.parse(old.version).n == Version.parse(cfg.version).n
+            return old if same_n else None
+    if last is None:
+        return None
+    return store.get(store.get(last, BuildResult).config, BuildConfig)
 
 
 # -- from configs alone ---------------------------------------------------------------------

@@ -1,17 +1,29 @@
 """Loading a studio's folders: datasets, templates with their cohorts and ladder, task sets
 and benchmarks, each checked against the others (a target's label exists in its dataset, a
-set's pair is pinned at its cohort's N, or below it once the pair moved on: a frozen pair)."""
+set's pair is pinned at its cohort's N, or below it once the pair moved on: a frozen pair).
+
+Kept cohorts
+------------
+When a cohort moves to a new N, its file as it was may be kept in ``cohorts/N<k>/`` (such
+as ``cohorts/N1/n50.yaml``, at 1.x): a set that pins the pair at N=k (a frozen pair) then
+builds it from that file, to the ids it was built to, on any machine (`at_pins`). Without
+one, the set keeps the pair's last build in the store it was built in.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from medomni_cas.studio.cohorts import NestingError, nested_prefix, not_first
 from medomni_cas.studio.labels import Guard
 from medomni_cas.studio.schema import (
+    FIRST,
     LADDER_ARM,
     METRICS,
+    NESTED,
     Benchmark,
     Cohort,
     Dataset,
@@ -34,7 +46,9 @@ __all__ = [
     "FrozenPair",
     "Studio",
     "TemplateFolder",
+    "at_pins",
     "find_template",
+    "kept_dir",
     "load_benchmark",
     "load_cohort",
     "load_dataset",
@@ -84,6 +98,15 @@ def load_ladder(path: str | Path) -> Ladder:
     return load_yaml(path, Ladder)
 
 
+#: A folder under ``cohorts/`` keeping cohort files as they were at N=k: ``N<k>``.
+_KEPT_DIR = re.compile(r"N([1-9][0-9]*)")
+
+
+def kept_dir(n: int) -> str:
+    """The folder under ``cohorts/`` that keeps cohort files at N=``n``."""
+    return f"N{n}"
+
+
 @dataclass(frozen=True)
 class TemplateFolder:
     """A template folder as loaded and checked against its dataset."""
@@ -94,6 +117,13 @@ class TemplateFolder:
     template: Template
     cohorts: dict[str, Cohort]
     ladder: Ladder | None
+    #: cohort name -> N -> its file kept in ``cohorts/N<k>/``, always below its N now
+    kept: dict[str, dict[int, Cohort]] = field(default_factory=dict)
+    #: the cohorts that `at_pins` took from ``kept`` (the set pins them below their N)
+    pinned_below: frozenset[str] = frozenset()
+
+    def kept_path(self, cohort: str, n: int) -> Path:
+        return self.path / "cohorts" / kept_dir(n) / f"{cohort}.yaml"
 
 
 def load_template(directory: str | Path, *, dataset: Dataset | None = None) -> TemplateFolder:
@@ -114,10 +144,8 @@ def load_template(directory: str | Path, *, dataset: Dataset | None = None) -> T
         cohorts[path.stem] = cohort
         docs[path.stem] = cdoc
     for name, cdoc in docs.items():
-        try:
-            nested_prefix(cohorts, name)
-        except NestingError as e:
-            raise cdoc.error("selection", str(e)) from None
+        _check_nesting(cdoc, cohorts, name)
+    kept = _kept_cohorts(d / "cohorts", cohorts, tpl, ds)
     ladder = None
     ladder_path = d / "arms" / f"{LADDER_ARM}.yaml"
     if ladder_path.exists():
@@ -131,7 +159,95 @@ def load_template(directory: str | Path, *, dataset: Dataset | None = None) -> T
                     raise ldoc.error(
                         f"rungs[{i}].add[{j}]", f"family {fam!r} is not in the template's input"
                     )
-    return TemplateFolder(d.name, d, ds, tpl, cohorts, ladder)
+    return TemplateFolder(d.name, d, ds, tpl, cohorts, ladder, kept)
+
+
+def _check_nesting(doc: Doc, cohorts: dict[str, Cohort], name: str) -> None:
+    """A nested cohort's smaller ones fit in it; a per-class cohort with a smaller one of
+    the same recipe within it says which rule it follows (`Cohort.selection`), since the
+    two rules order it differently: a file written today gets the Tasks document's rule
+    only by asking for it, and one written before keeps its ids by saying ``first``."""
+    try:
+        nested_prefix(cohorts, name)
+    except NestingError as e:
+        raise doc.error("selection", str(e)) from None
+    smaller = not_first(cohorts, name)
+    if smaller and not cohorts[name].selection:
+        raise doc.error(
+            "selection",
+            f"the patients of {', '.join(smaller)} (the same recipe, smaller) are within this "
+            f'cohort: say where they go. `selection: {NESTED}` puts them first ("the patients '
+            f'of n20 are the first ones of n50"; for a cohort already built, a new N); '
+            f"`selection: {FIRST}` keeps the rule it was built with before `{NESTED}` "
+            "existed, and its ids",
+        )
+
+
+def _kept_cohorts(
+    folder: Path, cohorts: dict[str, Cohort], tpl: Template, ds: Dataset
+) -> dict[str, dict[int, Cohort]]:
+    """``cohorts/N<k>/<cohort>.yaml``: each at N=k, below its cohort's N now."""
+    kept: dict[str, dict[int, Cohort]] = {}
+    if not folder.is_dir():
+        return kept
+    # hidden folders (an editor's, a notebook's checkpoints) are nobody's kept files
+    subs = [p for p in sorted(folder.iterdir()) if p.is_dir() and not p.name.startswith(".")]
+    for sub in subs:
+        m = _KEPT_DIR.fullmatch(sub.name)
+        if m is None:
+            raise SpecError(
+                sub,
+                None,
+                "",
+                "a folder under cohorts/ keeps cohort files at an earlier N, "
+                "and is named N<k> (such as N1)",
+            )
+        k = int(m.group(1))
+        for path in sorted(sub.glob("*.yaml")):
+            cohort, doc = load_with_doc(path, Cohort)
+            if msg := bad_name(path.stem):
+                raise SpecError(path, None, "", f"cohort file name: {msg}")
+            _check_cohort(doc, cohort, tpl, ds)
+            now = cohorts.get(path.stem)
+            if now is None:
+                raise SpecError(
+                    path,
+                    None,
+                    "",
+                    f"no cohorts/{path.stem}.yaml: {sub.name}/ keeps earlier "
+                    "versions of the template's cohorts",
+                )
+            if cohort.version.n != k:
+                raise doc.error("version", f"a file kept in {sub.name}/ is at N={k}")
+            if now.version.n <= k:
+                raise doc.error(
+                    "version",
+                    f"cohorts/{path.stem}.yaml is at {now.version}: {sub.name}/ keeps it at "
+                    "an N it has moved past",
+                )
+            _check_nesting(doc, {**cohorts, path.stem: cohort}, path.stem)
+            kept.setdefault(path.stem, {})[k] = cohort
+    return kept
+
+
+def at_pins(folder: TemplateFolder, pins: Mapping[str, int]) -> TemplateFolder:
+    """The template as a set pinning its cohorts at ``pins`` (cohort -> N) builds it: each
+    cohort pinned below its N is its kept file at that N, where one is kept."""
+    swap = {
+        c: folder.kept[c][n]
+        for c, n in pins.items()
+        if c in folder.cohorts and n < folder.cohorts[c].version.n and n in folder.kept.get(c, {})
+    }
+    if not swap:
+        return folder
+    view = replace(folder, cohorts={**folder.cohorts, **swap}, pinned_below=frozenset(swap))
+    for name in swap:
+        try:
+            nested_prefix(view.cohorts, name)
+        except NestingError as e:
+            path = folder.kept_path(name, swap[name].version.n)
+            raise SpecError(path, None, "selection", str(e)) from None
+    return view
 
 
 def _check_template(doc: Doc, tpl: Template, ds: Dataset) -> None:
@@ -255,6 +371,8 @@ class FrozenPair:
     pinned: int  # the set's N
     version: Version  # the cohort file's, now
     where: str  # "<set file>:<line>: pairs[i].n", for messages
+    #: its cohort's file kept at N=pinned (``cohorts/N<k>/``), which builds it again
+    kept: Path | None = None
 
     def __str__(self) -> str:
         return f"{self.task} frozen at N={self.pinned} (its cohort file is at {self.version})"
@@ -304,7 +422,9 @@ def _load_set(
             )
         if cohort.version.n > pair.n:  # the pair moved on: this set keeps its last build
             where = f"{p}:{doc.line(['pairs', i, 'n'])}: pairs[{i}].n"
-            frozen[pair.task] = FrozenPair(pair.task, pair.n, cohort.version, where)
+            has = pair.n in tf.kept.get(pair.cohort, {})
+            kept = tf.kept_path(pair.cohort, pair.n) if has else None
+            frozen[pair.task] = FrozenPair(pair.task, pair.n, cohort.version, where, kept)
         if LADDER_ARM in ts.arms and tf.ladder is None:
             raise doc.error(
                 f"arms[{ts.arms.index(LADDER_ARM)}]",

@@ -12,6 +12,10 @@ Each prefix, what its refs point at, and who moves them::
     studio/pairs/<pair>/<arm label>  the pair's last `BuildResult` under     build
                                      the arm: the next build's config is
                                      checked against its config
+    studio/kept/<pair>/N<k>/<arm label>
+                                     the same, for a cohort a set pins at    build
+                                     N=k below its N, built from its kept
+                                     file (cohorts/N<k>/)
     studio/builds/<config hex>/<data digest>
                                      the `BuildResult` of a config on some   build
                                      data: the rebuild cache, create-only
@@ -30,12 +34,14 @@ from medomni_cas.studio.arms import arm_label
 
 __all__ = [
     "BUILD_CACHE_REFS",
+    "KEPT_PAIR_REFS",
     "PAIR_REFS",
     "PUBLISHED_REFS",
     "SET_BUILD_REFS",
     "SIGNOFF_REFS",
     "TASK_SET_REFS",
     "build_cache_ref",
+    "kept_pair_ref",
     "pair_ref",
     "published_ref",
     "set_build_ref",
@@ -46,6 +52,7 @@ __all__ = [
 TASK_SET_REFS = "tasksets/"
 SET_BUILD_REFS = "studio/sets/"
 PAIR_REFS = "studio/pairs/"
+KEPT_PAIR_REFS = "studio/kept/"
 BUILD_CACHE_REFS = "studio/builds/"
 SIGNOFF_REFS = "studio/signoff/"
 PUBLISHED_REFS = "published/"
@@ -61,6 +68,10 @@ def set_build_ref(name: str) -> str:
 
 def pair_ref(pair: str, arm: str, variant: str = "") -> str:
     return f"{PAIR_REFS}{pair}/{arm_label(arm, variant)}"
+
+
+def kept_pair_ref(pair: str, n: int, arm: str, variant: str = "") -> str:
+    return f"{KEPT_PAIR_REFS}{pair}/N{n}/{arm_label(arm, variant)}"
 
 
 def build_cache_ref(config: ObjectId, data_digest: str) -> str:

@@ -24,6 +24,7 @@ from medomni_cas.studio.specfile import (
 
 __all__ = [
     "ARMS",
+    "FIRST",
     "LADDER_ARM",
     "METRICS",
     "NESTED",
@@ -72,8 +73,9 @@ LADDER_ARM = "modality-ladder"
 RUNGS = tuple(f"r{i}" for i in range(1, 7))
 ROUTE_POLICIES = ("allow", "deny", "conditional")
 EVIDENCE_BUILT = "default"
-#: A cohort's selection rules: "" (left out) the first one, "nested" (see `Cohort`).
-SELECTIONS = ("", "nested")
+#: A cohort's selection rules: "first" (or left out) the first one, "nested" (see `Cohort`).
+SELECTIONS = ("", "first", "nested")
+FIRST = "first"
 NESTED = "nested"
 TABLE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
 
@@ -481,10 +483,12 @@ class Cohort(Spec, frozen=True, kw_only=True):
             with ``selection: nested``).
         selection: ``nested``: the patients of every smaller cohort of the template with
             the same recipe (inclusion, prediction time, seed, per-class label) come first,
-            in their own order, then this cohort's others. Left out, a per-class cohort
+            in their own order, then this cohort's others. ``first``: a per-class cohort
             takes each class's first patients in the seeded order, in that order (the rule
-            cohorts were built with before it existed, kept so that they keep their ids):
-            a smaller cohort is within it, not its first patients.
+            cohorts were built with before ``nested`` existed, kept so that they keep their
+            ids): a smaller cohort is within it, not its first patients. A per-class cohort
+            with a smaller one of the same recipe within it states which (the rules differ
+            there); elsewhere both select alike, and leaving it out means ``first``.
     """
 
     version: Version
@@ -502,7 +506,7 @@ class Cohort(Spec, frozen=True, kw_only=True):
         if self.selection not in SELECTIONS:
             yield (
                 "selection",
-                f"must be {' or '.join(SELECTIONS[1:])}, or left out; got {self.selection!r}",
+                f"must be {' or '.join(SELECTIONS[1:])}; got {self.selection!r}",
             )
         if self.n < 1:
             yield "n", "a cohort holds at least one patient"

@@ -11,8 +11,10 @@
   set that reads a credentialed dataset. The bundle's manifest says which it holds
   (`HOLDS`). ``rebuild`` builds every published config from itself and one's own dataset
   (no set file or template is read) and compares the ids, pair by pair.
-* A pair a set pins below its cohort's N is frozen (`FrozenPair`): the set keeps the pair's
-  last build, since a new N enters only a new task set, and cannot change any more.
+* A pair a set pins below its cohort's N is frozen (`FrozenPair`), since a new N enters
+  only a new task set. Where the cohort's file is kept at that N (``cohorts/N<k>/``) the
+  set builds the pair from it, to the ids it was built to; otherwise the set keeps the
+  pair's last build in this store and cannot change any more.
 
 modality-ladder renders from its ladder cohort: in a set it is built for the pairs on that
 cohort, and a set that lists the arm but no pair on some template's ladder cohort is refused.
@@ -223,25 +225,37 @@ def build_set(
         raise TaskSetError(f"benchmark {bench_name} has no set {set_name!r} (have: {have})")
     ts = folder.sets[set_name]
     frozen = folder.frozen.get(set_name, {})
+    # frozen pairs with no kept file: the set keeps their last build
+    unkept = {t: fp for t, fp in frozen.items() if fp.kept is None}
+    pins: dict[str, dict[str, int]] = {}
+    for p in ts.pairs:
+        pins.setdefault(p.template, {})[p.cohort] = p.n
     for arm in ts.arms:
         arm_build(ts.builder, arm)  # a builder refuses an arm it does not support, up front
     rec = task_set_record(name, ts)
     old = store.refs.get(task_set_ref(name))
     if old is not None:  # refuse before building anything (an unchanged set passes)
         check_grows(store.get(old, TaskSetRecord), rec)
-    kept = _kept_entries(store, name, rec, frozen) if frozen else {}
+    kept = _kept_entries(store, name, rec, unkept) if unkept else {}
     built: list[Built] = []
-    plan = [p for p in _plan(ts, Path(studio), name) if f"{p[0]}@{p[1]}" not in frozen]
+    plan = [p for p in _plan(ts, Path(studio), name) if f"{p[0]}@{p[1]}" not in unkept]
     if shard is not None:
         plan = plan[shard[0] :: shard[1]]
     for template, cohort, arms in plan:
         pair = build_pair(
-            store, studio, template, cohort, arms=arms, data_root=data_root, progress=progress
+            store,
+            studio,
+            template,
+            cohort,
+            arms=arms,
+            data_root=data_root,
+            progress=progress,
+            pins=pins[template],
         )
         built += pair
         if on_pair is not None:
             on_pair(f"{template}@{cohort}", pair)
-    for task in frozen:
+    for task in unkept:
         if on_pair is not None:
             on_pair(task, [])
     if shard is not None:
