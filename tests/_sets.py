@@ -39,3 +39,15 @@ def small_tree(
     (sets / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     synth.generate(root / "studio/datasets/synth-ehr/data", patients=patients, seed=0)
     return root
+
+
+def few_patients_cohort(tree: Path, n: int) -> str:
+    """Cohort ``n<n>`` of the CKD template in ``tree``: n20's recipe without per-class counts
+    (the first ``n`` eligible patients in seeded order), for tests that need a built, run
+    and scored set but not twenty runs of it. Returns its pair, for `small_tree`'s sets."""
+    cohorts = tree / "studio/datasets/synth-ehr/tasks/synth-ehr_ckd-staging/cohorts"
+    doc = yaml.safe_load((cohorts / "n20.yaml").read_text())
+    doc.pop("per_class", None)
+    doc.update(n=n, description=f"{n} patients, for tests.")
+    (cohorts / f"n{n}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return f"synth-ehr_ckd-staging@n{n}"

@@ -26,6 +26,7 @@ from medomni_cas.store._crash import CRASH_ENV
 from medomni_cas.store.bundle import export_bundle, import_bundle
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.verify import fsck
+from tests._cli import medomni_here
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = "data/main"
@@ -46,10 +47,9 @@ def _medomni(
     )
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[bytes]:
-    proc = _medomni(*args)
-    out, err = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    """A command nobody kills: the CLI in this process (`medomni_here`)."""
+    return medomni_here(*args, cwd=ROOT)
 
 
 def make_source(url: str) -> tuple[ObjectId, int]:
@@ -95,11 +95,13 @@ def push(src: str, dst: str) -> sync.SyncReport:
         return sync.push(s, d)
 
 
-@pytest.fixture
-def source(tmp_path: Path) -> tuple[str, Path, ObjectId, int]:
-    url = f"lmdb://{tmp_path}/src"
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, ObjectId, int]:
+    """Made once per module: every test only reads it (kills and damage are elsewhere)."""
+    folder = tmp_path_factory.mktemp("source")
+    url = f"lmdb://{folder}/src"
     root, size = make_source(url)
-    bundle = tmp_path / "big.bundle"
+    bundle = folder / "big.bundle"
     with mc.open(url) as s:
         export_bundle(s, [root], bundle, refs={REF: root})
     return url, bundle, root, size
@@ -123,12 +125,12 @@ def test_killed_import_then_cas_pull_and_push(
         _killed_import(bundle, dst, 2)
         assert unclosed(dst) == []
     got = _run("cas", "pull", src, "--store", pulled)
-    assert got.returncode == 0, got.stderr.decode()
+    assert got.returncode == 0, got.stderr
     got = _run("cas", "push", pushed, "--store", src)
-    assert got.returncode == 0, got.stderr.decode()
+    assert got.returncode == 0, got.stderr
     for dst in (pulled, pushed):
         got = _run("cas", "fsck", "--store", dst)
-        assert got.returncode == 0, got.stdout.decode() + got.stderr.decode()
+        assert got.returncode == 0, got.stdout + got.stderr
         with mc.open(dst) as s:
             assert s.refs[REF] == root and len(s.closure(root)) == size
 

@@ -1,4 +1,5 @@
-"""Nothing empty or unreachable reports ok: each case through the CLI, as a subprocess.
+"""Nothing empty or unreachable reports ok: each case through the CLI (in this process, as
+``medomni`` runs it: `tests._cli.medomni_here`).
 
 A URL with no path, a location that holds no store (a mistyped S3 prefix, a folder), an
 http store nobody serves, a damaged pack index, answer keys damaged since they were scored,
@@ -27,11 +28,11 @@ from medomni_cas.store.backends.fsspec import FsspecBackend
 from medomni_cas.store.blobs import blob_object
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.verify import fsck
-from tests._cli import medomni
+from tests._cli import medomni_here
 from tests.test_backends import BUCKET, s3_endpoint  # noqa: F401 - a fixture
 
 SET = "medomni-bench/small"
-CKD = "synth-ehr_ckd-staging@n20"
+FEW = "synth-ehr_ckd-staging@n3"
 NOP = "no-perception"
 
 
@@ -68,12 +69,12 @@ def test_a_store_url_without_a_path_is_refused(tmp_path: Path, scheme: str) -> N
         f'store: "{scheme}://"\nremotes:\n  origin: "{scheme}://?x=1"\n'
     )
     for argv in (["cas", "init"], ["cas", "put", "workspace.yaml"]):
-        proc = medomni(*argv, cwd=tmp_path)
+        proc = medomni_here(*argv, cwd=tmp_path)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         one_line_error(proc, "workspace.yaml", "store", f"{scheme}://")
     (tmp_path / "workspace.yaml").unlink()
     for argv in (["cas", "init"], ["cas", "fsck"]):
-        proc = medomni("--store", f"{scheme}://", *argv, cwd=tmp_path)
+        proc = medomni_here("--store", f"{scheme}://", *argv, cwd=tmp_path)
         assert proc.returncode == 2
         one_line_error(proc, f"{scheme}://")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no store made in the folder
@@ -97,7 +98,7 @@ def test_pull_and_fsck_of_a_mistyped_s3_prefix_say_no_store(
     remote = push(url, s3(s3_endpoint))
     typo = remote.replace(f"{BUCKET}/", f"{BUCKET}/x", 1)
     for argv in (["cas", "pull", typo], ["--store", typo, "cas", "fsck"]):
-        proc = medomni("--store", f"lmdb://{tmp_path}/mine", *argv, cwd=tmp_path)
+        proc = medomni_here("--store", f"lmdb://{tmp_path}/mine", *argv, cwd=tmp_path)
         assert proc.returncode == 2, (argv, proc.stdout)
         one_line_error(proc, f"no store at {typo}")
     fs = fsspec.filesystem("s3", endpoint_url=s3_endpoint, skip_instance_cache=True)
@@ -117,7 +118,7 @@ def test_a_store_written_before_markers_still_opens(
     with mc.Store(old) as store:
         store.refs.set("main", store.put_blob(b"written long ago"))
     assert not old.fs.exists(old.io.path("medomni-store.json"))
-    proc = medomni("--store", remote, "cas", "fsck", cwd=tmp_path)
+    proc = medomni_here("--store", remote, "cas", "fsck", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ok: 1 objects, 1 refs")
     assert not old.fs.exists(old.io.path("medomni-store.json"))  # fsck wrote nothing
@@ -129,7 +130,7 @@ def test_a_new_remote_store_is_marked_and_found_while_empty(
 ) -> None:
     remote = s3(s3_endpoint)
     mc.open(remote).close()  # as `cas init` or a push makes it: marked, and empty
-    proc = medomni("--store", remote, "cas", "fsck", cwd=tmp_path)
+    proc = medomni_here("--store", remote, "cas", "fsck", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr  # empty, and a store
     assert proc.stdout.startswith("ok: 0 objects, 0 refs")
 
@@ -137,7 +138,7 @@ def test_a_new_remote_store_is_marked_and_found_while_empty(
 @pytest.mark.parametrize("scheme", ["lmdb", "file"])
 def test_a_local_folder_that_holds_no_store(tmp_path: Path, scheme: str) -> None:
     (tmp_path / "folder").mkdir()
-    proc = medomni("--store", f"{scheme}://{tmp_path}/folder", "cas", "fsck", cwd=tmp_path)
+    proc = medomni_here("--store", f"{scheme}://{tmp_path}/folder", "cas", "fsck", cwd=tmp_path)
     assert proc.returncode == 2
     one_line_error(proc, "no store at")
     assert list((tmp_path / "folder").iterdir()) == []  # nothing created by reading
@@ -158,7 +159,7 @@ def test_fsck_and_pull_of_an_unreachable_http_store_exit_2(tmp_path: Path, dead_
         ["--store", url, "cas", "fsck"],
         ["--store", f"lmdb://{tmp_path}/mine", "cas", "pull", url],
     ):
-        proc = medomni(*argv, cwd=tmp_path)
+        proc = medomni_here(*argv, cwd=tmp_path)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         one_line_error(proc, url)
         assert "ok" not in proc.stdout
@@ -185,7 +186,7 @@ def test_a_damaged_pack_index_is_rebuilt_from_its_pack(
     remote = push(url, s3(s3_endpoint))
     backend, path, good = _damage_index(remote)
 
-    pulled = medomni("--store", f"lmdb://{tmp_path}/mine", "cas", "pull", remote, cwd=tmp_path)
+    pulled = medomni_here("--store", f"lmdb://{tmp_path}/mine", "cas", "pull", remote, cwd=tmp_path)
     assert pulled.returncode == 0, pulled.stderr
     with mc.open(f"lmdb://{tmp_path}/mine", create=False) as mine:
         assert mine.refs["main"] == root
@@ -193,7 +194,7 @@ def test_a_damaged_pack_index_is_rebuilt_from_its_pack(
     # the index was written again from its pack: the same entries
     again = backend.fs.cat_file(path)
     assert parse_index(again, path).keys == parse_index(good, path).keys
-    checked = medomni("--store", remote, "cas", "fsck", cwd=tmp_path)
+    checked = medomni_here("--store", remote, "cas", "fsck", cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
@@ -204,14 +205,14 @@ def test_fsck_names_a_damaged_pack_index_it_rebuilt(
     url, _ = local_store(tmp_path)
     remote = push(url, s3(s3_endpoint))
     _, path, _ = _damage_index(remote)
-    first = medomni("--store", remote, "cas", "fsck", "--json", cwd=tmp_path)
+    first = medomni_here("--store", remote, "cas", "fsck", "--json", cwd=tmp_path)
     assert first.returncode == 1, first.stdout + first.stderr
     report = json.loads(first.stdout)
     (problem,) = report["problems"]
     assert problem["kind"] == "damaged-file"
     assert path.rsplit("/", 1)[-1] in problem["message"] and "rebuilt" in problem["message"]
     assert report["objects"] == 9  # every object still read
-    second = medomni("--store", remote, "cas", "fsck", cwd=tmp_path)
+    second = medomni_here("--store", remote, "cas", "fsck", cwd=tmp_path)
     assert second.returncode == 0, second.stdout  # repaired: nothing left to find
 
 
@@ -230,13 +231,13 @@ def test_a_pack_index_whose_pack_is_gone_leaves_the_rest_readable(
     victim = backend.index.where[bytes(blob_object(b"blob 0")[0])][0]
     backend.fs.pipe_file(backend.index.pack_path(victim, "idx"), b"not an index")
     backend.fs.rm(backend.index.pack_path(victim, "pack"))
-    proc = medomni("--store", remote, "cas", "fsck", "--json", cwd=tmp_path)
+    proc = medomni_here("--store", remote, "cas", "fsck", "--json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     problems = json.loads(proc.stdout)["problems"]
     assert "damaged-file" in {p["kind"] for p in problems}
     assert victim in " ".join(p["message"] for p in problems)
     mine = f"lmdb://{tmp_path}/mine"
-    pulled = medomni("--store", mine, "cas", "pull", remote, "other", cwd=tmp_path)
+    pulled = medomni_here("--store", mine, "cas", "pull", remote, "other", cwd=tmp_path)
     assert pulled.returncode == 0, pulled.stderr  # the rest of the remote is readable
     with mc.open(mine, create=False) as store:
         assert store.refs["other"] == other and len(store.closure(other)) == 7
@@ -248,10 +249,12 @@ def scored_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from medomni_cas.bench.agents import find_agent
     from medomni_cas.bench.harness import run_set
     from medomni_cas.studio.tasksets import build_set
-    from tests._sets import small_tree
+    from tests._sets import few_patients_cohort, small_tree
 
     root = tmp_path_factory.mktemp("scored")
-    tree = small_tree(root, arms=[NOP], pairs=(CKD,))
+    # three patients: one answer key, scored, is all the damage needs (not twenty runs)
+    tree = small_tree(root, arms=[NOP], pairs=(FEW,), patients=30)
+    assert few_patients_cohort(tree, 3) == FEW
     (root / "workspace.yaml").write_text("store: lmdb://store\n")
     with mc.open(f"lmdb://{root / 'store'}") as store:
         build_set(store, SET, studio=tree / "studio", bench=tree / "bench")
@@ -270,7 +273,7 @@ def test_bench_score_refuses_answer_keys_damaged_since(scored_workspace: Path) -
     from medomni_cas.bench.refnames import result_ref
 
     root = scored_workspace
-    first = medomni("bench", "score", SET, "--n-boot", "20", cwd=root)
+    first = medomni_here("bench", "score", SET, "--n-boot", "20", cwd=root)
     assert first.returncode == 0, first.stderr
     with mc.open(f"lmdb://{root / 'store'}", create=False) as store:
         result = store.get(store.refs[result_ref(SET)], Result)
@@ -281,7 +284,7 @@ def test_bench_score_refuses_answer_keys_damaged_since(scored_workspace: Path) -
             flipped = bytearray(value)
             flipped[-1] ^= 0x01
             txn.put(bytes(key), bytes(flipped), db=backend._objects)  # type: ignore[attr-defined]
-    again = medomni("bench", "score", SET, "--n-boot", "20", cwd=root)
+    again = medomni_here("bench", "score", SET, "--n-boot", "20", cwd=root)
     assert again.returncode == 1, again.stdout + again.stderr
     one_line_error(again, key.hex(), "answer key")
     assert again.stdout == ""  # no score table printed
@@ -307,7 +310,7 @@ def test_gc_sweeps_old_temp_files_of_a_file_store(tmp_path: Path) -> None:
         path.write_bytes(b"half written")
     for path in old:
         os.utime(path, (long_ago, long_ago))
-    proc = medomni("--store", url, "cas", "gc", "--json", cwd=tmp_path)
+    proc = medomni_here("--store", url, "cas", "gc", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["orphans"] == 4
     assert [p for p in old if p.exists()] == []

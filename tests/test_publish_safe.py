@@ -1,9 +1,10 @@
 """Publishing defaults to the safe side: configs only, unless ``--with-data`` is asked for.
 
 A set of one pair is built once per module in a workspace; ``medomni studio taskset
-publish`` runs as a subprocess. Without a flag (or with the old ``--configs-only``) the
-bundle holds no patient id and no answer, and its manifest says ``configs-only``; only
-``--with-data`` writes the answer keys, says so, and is refused for credentialed data.
+publish`` runs as the CLI runs it (in this process: `tests._cli.medomni_here`). Without a
+flag (or with the old ``--configs-only``) the bundle holds no patient id and no answer, and
+its manifest says ``configs-only``; only ``--with-data`` writes the answer keys, says so,
+and is refused for credentialed data.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import medomni_cas as mc
 from medomni_cas.store.bundle import export_bundle, read_bundle_header
 from medomni_cas.studio.records import AnswerKey, BuildResult, Content
 from medomni_cas.studio.tasksets import CONFIGS_ONLY, WITH_DATA, build_set, publish, show_set
-from tests._cli import medomni
+from tests._cli import medomni_here
 from tests._sets import small_tree
 
 SET = "medomni-bench/small"
@@ -45,7 +46,7 @@ def secrets(root: Path) -> list[bytes]:
 
 def test_publish_without_a_flag_writes_configs_only(workspace: Path) -> None:
     out = workspace / "default.bundle"
-    proc = medomni("studio", "taskset", "publish", SET, "-o", str(out), cwd=workspace)
+    proc = medomni_here("studio", "taskset", "publish", SET, "-o", str(out), cwd=workspace)
     assert proc.returncode == 0, proc.stderr
     assert "configs only" in proc.stdout
     raw = out.read_bytes()
@@ -57,17 +58,17 @@ def test_publish_without_a_flag_writes_configs_only(workspace: Path) -> None:
 def test_configs_only_is_still_accepted_and_means_the_default(workspace: Path) -> None:
     out = workspace / "old-flag.bundle"
     argv = ["studio", "taskset", "publish", SET, "-o", str(out), "--configs-only", "--json"]
-    proc = medomni(*argv, cwd=workspace)
+    proc = medomni_here(*argv, cwd=workspace)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["manifest"]["holds"] == CONFIGS_ONLY
-    both = medomni(*argv[:-1], "--with-data", cwd=workspace)
+    both = medomni_here(*argv[:-1], "--with-data", cwd=workspace)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
 def test_with_data_writes_the_answer_keys_and_says_so(workspace: Path) -> None:
     out = workspace / "whole.bundle"
     argv = ["studio", "taskset", "publish", SET, "-o", str(out), "--with-data"]
-    proc = medomni(*argv, cwd=workspace)
+    proc = medomni_here(*argv, cwd=workspace)
     assert proc.returncode == 0, proc.stderr
     assert "with data" in proc.stdout
     raw = out.read_bytes()
@@ -82,7 +83,7 @@ def test_with_data_is_refused_for_credentialed_data(workspace: Path) -> None:
     try:
         out = workspace / "refused.bundle"
         argv = ["studio", "taskset", "publish", SET, "-o", str(out), "--with-data"]
-        proc = medomni(*argv, cwd=workspace)
+        proc = medomni_here(*argv, cwd=workspace)
         assert proc.returncode == 2, proc.stdout
         assert proc.stderr.startswith("medomni: error: ") and "Traceback" not in proc.stderr
         assert "credentialed" in proc.stderr and "synth-ehr" in proc.stderr

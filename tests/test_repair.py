@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.repair import repair
 from medomni_cas.store.verify import CORRUPT, MISSING, fsck
 from tests import test_backends as tb
+from tests._cli import medomni_here
 from tests.test_backends import s3_endpoint, s3_url
 
 __all__ = ["s3_endpoint"]  # the fixture, used by the S3 tests here
@@ -151,12 +151,10 @@ def test_repair_mends_corrupt_and_missing_objects(tmp_path: Path) -> None:
 
 
 def _medomni(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "medomni_cas.cli.main", *args],
-        cwd=ROOT,
-        env=os.environ.copy(),
-        capture_output=True,
-        timeout=120,
+    """The CLI in this process (a fresh one is not the point here), its output as bytes."""
+    got = medomni_here(*args, cwd=ROOT)
+    return subprocess.CompletedProcess(
+        got.args, got.returncode, got.stdout.encode(), got.stderr.encode()
     )
 
 
