@@ -6,6 +6,10 @@ damaged LMDB file and an S3 endpoint nobody listens on: each command exits 2 wit
 that says what failed and that nothing was lost, never a traceback; and the store keeps
 what it held (fsck stays clean, no ref moved).
 
+The failing command runs in a fresh process of the console script (a crash, a mount or an
+rlimit is the process's own); the set-up before it and the checks after it run the CLI in
+this process (`tests._cli.medomni_here`), which a fresh interpreter would only slow down.
+
 Mounts are made in a mount namespace of their own (``unshare -m``), so they vanish with
 the command and nothing outside the test's folder is touched; where that is not allowed,
 those cases are skipped with the reason.
@@ -23,6 +27,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests._cli import medomni_here
 
 EXE = Path(sys.executable).parent / "medomni"
 NOTHING_LOST = "nothing was lost"
@@ -97,9 +103,9 @@ def _files(folder: Path, count: int, size: int) -> Path:
 
 def _store_is_whole(url: str, cwd: Path, refs: list[str]) -> None:
     """fsck finds nothing wrong and the refs are those given."""
-    fsck = medomni("--store", url, "cas", "fsck", cwd=cwd)
+    fsck = medomni_here("--store", url, "cas", "fsck", cwd=cwd)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
-    listed = medomni("--store", url, "cas", "refs", "--json", cwd=cwd)
+    listed = medomni_here("--store", url, "cas", "refs", "--json", cwd=cwd)
     assert listed.returncode == 0, listed.stderr
     assert sorted(json.loads(listed.stdout)) == sorted(refs)
 
@@ -110,10 +116,8 @@ def test_a_full_lmdb_map_exits_2_and_loses_nothing(tmp_path: Path) -> None:
     url = f"lmdb://{tmp_path / 'store'}"
     small = tmp_path / "small.txt"
     small.write_text("fits\n")
-    assert (
-        medomni("--store", url, "cas", "put", str(small), "--ref", "kept", cwd=tmp_path).returncode
-        == 0
-    )
+    put = medomni_here("--store", url, "cas", "put", str(small), "--ref", "kept", cwd=tmp_path)
+    assert put.returncode == 0, put.stderr
     big = _files(tmp_path / "big", 1200, 300)
     run = medomni(
         "--store", f"{url}?max_size=262144", "cas", "put", str(big), "--ref", "big", cwd=tmp_path
@@ -126,7 +130,7 @@ def test_a_damaged_lmdb_file_exits_2(tmp_path: Path) -> None:
     """Pages of data.mdb overwritten with noise: LMDB's own errors (corrupted or missing
     pages) are one line, for a reader (refs) as for fsck."""
     url = f"lmdb://{tmp_path / 'store'}"
-    put = medomni(
+    put = medomni_here(
         "--store",
         url,
         "cas",
@@ -178,7 +182,7 @@ def test_a_store_that_cannot_be_written_exits_2(tmp_path: Path) -> None:
     for scheme in ("lmdb", "file"):
         folder = tmp_path / f"{scheme}-store"
         url = f"{scheme}://{folder}"
-        put = medomni("--store", url, "cas", "put", str(small), "--ref", "kept", cwd=tmp_path)
+        put = medomni_here("--store", url, "cas", "put", str(small), "--ref", "kept", cwd=tmp_path)
         assert put.returncode == 0, put.stderr
         new = _files(tmp_path / f"{scheme}-new", 3, 100)
         argv = ("--store", url, "cas", "put", str(new), "--ref", "new")
@@ -226,12 +230,8 @@ def test_a_push_to_an_unreachable_s3_endpoint_exits_2(tmp_path: Path) -> None:
     local = f"lmdb://{tmp_path / 'store'}"
     small = tmp_path / "small.txt"
     small.write_text("stays here\n")
-    assert (
-        medomni(
-            "--store", local, "cas", "put", str(small), "--ref", "main", cwd=tmp_path
-        ).returncode
-        == 0
-    )
+    put = medomni_here("--store", local, "cas", "put", str(small), "--ref", "main", cwd=tmp_path)
+    assert put.returncode == 0, put.stderr
     port = _closed_port()
     creds = {
         "AWS_ACCESS_KEY_ID": "test",
