@@ -9,6 +9,7 @@ served model, usage past the limits, a hang, 5xx and time-outs, a malformed body
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -52,12 +53,20 @@ def llm_tree(root: Path, n: int = N) -> Path:
     return tree
 
 
-@pytest.fixture
-def url(tree: Path, tmp_path: Path) -> Iterator[str]:
-    url = f"lmdb://{tmp_path / 'store'}"
-    with mc.open(url) as s:
+@pytest.fixture(scope="module")
+def built(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The set built once per module into a store (closed), for each test to copy."""
+    folder = tmp_path_factory.mktemp("built") / "store"
+    with mc.open(f"lmdb://{folder}") as s:
         build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
-    yield url
+    return folder
+
+
+@pytest.fixture
+def url(built: Path, tmp_path: Path) -> Iterator[str]:
+    """A store of this test's own holding the built set (a copy: runs write to it)."""
+    shutil.copytree(built, tmp_path / "store")
+    yield f"lmdb://{tmp_path / 'store'}"
 
 
 @pytest.fixture(autouse=True)
