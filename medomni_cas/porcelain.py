@@ -89,6 +89,7 @@ __all__ = [
     "run",
     "score",
     "verify",
+    "view",
 ]
 
 FolderName = Literal["studio", "bench", "runs"]
@@ -628,3 +629,23 @@ def pull(
     store."""
     with _remote(remote, workspace, create=False) as src:
         return sync.pull(store, src, refs, force=force, message=message, progress=progress)
+
+
+# -- viewing -------------------------------------------------------------------------------------
+def view(
+    store: Store,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    show_answer_keys: bool = False,
+    ready: Callable[[str], object] | None = None,
+) -> None:
+    """Serve the read-only results viewer over ``store`` until interrupted (``medomni
+    view``); ``ready`` gets its URL once it listens. Answer keys stay hidden unless
+    ``show_answer_keys``. A host or port it cannot listen on raises `BindError` (a
+    ValueError) naming it."""
+    from medomni_cas.view import bind, make_app, serve
+    from medomni_cas.view.server import allowed_hosts
+
+    app = make_app(store, show_answer_keys=show_answer_keys, hosts=allowed_hosts(host))
+    serve(app, bind(host, port), ready=ready)
