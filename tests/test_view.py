@@ -28,12 +28,12 @@ from starlette.testclient import TestClient
 
 import medomni_cas as mc
 from medomni_cas.bench.records import AnswerColumns, JobRecord, Result
-from medomni_cas.bench.refnames import result_ref
+from medomni_cas.bench.refnames import answers_ref, result_ref
 from medomni_cas.cli.main import main
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.view import make_app, serving
-from medomni_cas.view.queries import JobHead, job_head, link_slice
+from medomni_cas.view.queries import Hidden, JobHead, job_head, link_slice
 from tests._sets import small_tree
 
 SET = "medomni-bench/small"
@@ -237,6 +237,54 @@ def test_a_hostile_log_is_shown_as_text(client: TestClient, world: World) -> Non
     assert SCRIPT in _text(_ok(client, stdout[0]))
 
 
+def test_a_harbor_trials_nested_logs_are_listed_and_open() -> None:
+    """Harbor's trial folder keeps logs in agent/, verifier/ and artifacts/: every file is
+    listed on the run's page and opens by its path."""
+    from medomni_cas.bench.records import AgentBlock, RunRecord
+
+    with mc.open("memory://") as store:
+        standin = store.put_object("test.standin", 1, {})
+        agent_log = store.put_blob(f"step 1\n{SCRIPT}\n".encode())
+        logs = store.put_tree(
+            {
+                "agent": store.put_tree({"terminus-2.log": agent_log}),
+                "verifier": store.put_tree({"reward.json": store.put_blob(b'{"format_ok": 1}')}),
+                "trial.log": store.put_blob(b"trial started"),
+            }
+        )
+        run = store.put(
+            RunRecord(
+                run_id="ab-1",
+                slot="ab",
+                attempt=1,
+                intelligence="agent",
+                agent_config=standin,
+                atom=standin,
+                pair="p@c",
+                task_version="1.0",
+                config=standin,
+                repetition=1,
+                runner="harbor",
+                outcome="answered",
+                started="2026-12-01T00:00:00+00:00",
+                finished="2026-12-01T00:00:01+00:00",
+                elapsed_ms=1000,
+                agent_block=AgentBlock(arm="no-perception"),
+                logs=logs,
+            )
+        )
+        client = TestClient(make_app(store), base_url=BASE)
+        page = _ok(client, f"/run/{run.hex()}")
+        files = [f"/tree/{logs.hex()}/{p}" for p in ("agent/terminus-2.log", "trial.log")]
+        assert set(files) <= set(_links(page, "/tree/"))
+        assert f"/tree/{logs.hex()}/verifier/reward.json" in _links(page, "/tree/")
+        assert "<script" not in page and SCRIPT in _text(page)
+        log = _ok(client, files[0])
+        assert SCRIPT in _text(log) and "<script" not in log
+        folder = _text(_ok(client, f"/tree/{logs.hex()}/agent"))
+        assert "terminus-2.log" in folder and "blob" in folder
+
+
 # -- answers -------------------------------------------------------------------------------
 def test_answer_keys_are_hidden_unless_asked(
     client: TestClient, world: World, store: mc.Store
@@ -260,6 +308,30 @@ def test_answer_keys_are_hidden_unless_asked(
     assert patient in page and str(answers["ckd_stage"]) in page
     assert shown.get(f"/object/{truth.hex()}").status_code == 200
     assert "hidden" not in _text(_ok(shown, f"/result/{world.result.hex()}"))
+
+
+def test_answer_columns_scored_while_the_viewer_runs_are_hidden() -> None:
+    from medomni_cas.store.objects import ChunkedBlob
+
+    with mc.open("memory://") as store:
+        hidden = Hidden(store)
+        small, large = store.put_blob(b"G1\nG2\n"), store.put_blob(b"G3a\n" * 400_000)
+        chunks = store.get(large, ChunkedBlob).chunks
+        assert len(chunks) == 2 and hidden.reason(small, "blob") is None
+        standin = store.put_object("test.standin", 1, {})
+        for name, truth in (("a", small), ("b", large)):
+            cols = AnswerColumns(
+                set_build=standin,
+                arm=name,
+                answer_keys=(standin,),
+                rows=1,
+                groups=(),
+                columns={"atom": standin, "truth_text": truth},
+            )
+            store.refs.set(answers_ref(standin, name), store.put(cols))
+        for oid, kind in [(small, "blob"), (large, "chunked-blob"), *((c, "blob") for c in chunks)]:
+            assert hidden.reason(oid, kind) == "an answer column (derived from the answer keys)"
+        assert hidden.reason(standin, "test.standin") is None
 
 
 # -- errors and refusals -------------------------------------------------------------------

@@ -683,6 +683,8 @@ def _value_html(ctx: Context, value: Any, depth: int) -> Html:
     if isinstance(value, list):
         if not value:
             return '<span class="muted">[]</span>'
+        if all(isinstance(v, dict) for v in value):  # rows of a table (score rows, contrasts)
+            return _rows_html(ctx, value, depth)
         cells = [f"<li>{_value_html(ctx, v, depth + 1)}</li>" for v in value[:ITEMS]]
         more = (
             f"<li class='muted'>… and {len(value) - ITEMS:,} more</li>"
@@ -697,6 +699,16 @@ def _value_html(ctx: Context, value: Any, depth: int) -> Html:
     if isinstance(value, float):
         return num(value, 6)
     return esc(msgspec.json.encode(value).decode() if value is None else value)
+
+
+def _rows_html(ctx: Context, rows: list[dict[str, Any]], depth: int) -> Html:
+    """A list of records as one table, a column per field any of them has."""
+    head = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [
+        [_value_html(ctx, r[k], depth + 1) if k in r else "" for k in head] for r in rows[:ITEMS]
+    ]
+    more = f'<p class="muted">… and {len(rows) - ITEMS:,} more</p>' if len(rows) > ITEMS else ""
+    return table([str(h) for h in head], cells) + more
 
 
 def tree_page(ctx: Context, spec: str, path: str) -> Page:

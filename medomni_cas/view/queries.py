@@ -222,11 +222,14 @@ def preview(store: Store, oid: ObjectId, limit: int = PREVIEW_BYTES) -> Preview:
 class Hidden:
     """Finds the objects that hold answers: answer keys (by kind) and the truth columns of
     every arm's answer columns (their blobs, and the chunks of a chunked one), found from
-    the ``scores/answers/`` and ``results/`` refs when first asked, then kept."""
+    the ``scores/answers/`` and ``results/`` refs. What was found is kept while those refs
+    stay as they are, and found again when a score moves them (the viewer runs beside
+    `bench score`)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._blobs: set[ObjectId] | None = None
+        self._blobs: set[ObjectId] = set()
+        self._seen: tuple[tuple[str, ObjectId], ...] | None = None
 
     def reason(self, oid: ObjectId, kind: str) -> str | None:
         """Why ``oid`` (of ``kind``) is not shown, or None when it may be."""
@@ -237,20 +240,20 @@ class Hidden:
         return None
 
     def blobs(self) -> set[ObjectId]:
-        if self._blobs is None:
-            self._blobs = self._truth_blobs()
+        refs = (*self.store.refs.items(ANSWER_REFS), *self.store.refs.items(RESULT_REFS))
+        if refs != self._seen:
+            self._blobs, self._seen = self._truth_blobs(refs), refs
         return self._blobs
 
-    def refresh(self) -> None:
-        """Forget what was found (new scores may have been written since)."""
-        self._blobs = None
-
-    def _truth_blobs(self) -> set[ObjectId]:
+    def _truth_blobs(self, refs: Iterable[tuple[str, ObjectId]]) -> set[ObjectId]:
         store = self.store
-        columns = {oid for _, oid in store.refs.items(ANSWER_REFS)}
-        for _, rid in store.refs.items(RESULT_REFS):
+        columns = set()
+        for name, oid in refs:
+            if name.startswith(ANSWER_REFS):
+                columns.add(oid)
+                continue
             try:
-                columns.update(store.get(rid, Result).answer_columns)
+                columns.update(store.get(oid, Result).answer_columns)
             except (InvalidObject, NotFound):
                 continue
         blobs: set[ObjectId] = set()
