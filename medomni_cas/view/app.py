@@ -12,7 +12,8 @@ Safe to open
 
 Routes
     ``/`` overview; ``/tasksets``, ``/taskset/<name>``; ``/results``, ``/result/<id>``;
-    ``/comparisons``; ``/jobs``, ``/job/<id>?offset=&limit=``; ``/run/<id>``;
+    ``/comparisons``, ``/comparison/<id>``, ``/plot/<id>/<forest|ladder>.svg``;
+    ``/jobs``, ``/job/<id>?offset=&limit=``; ``/run/<id>``;
     ``/object/<id|prefix|ref>`` (any object, by its kind); ``/tree/<id>/<path>``;
     ``/provenance/<id|ref>``; ``/refs?prefix=``; ``/health``.
 """
@@ -26,6 +27,7 @@ from medomni_cas._extras import require
 from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError, NotFound
 from medomni_cas.store.store import Store
 from medomni_cas.view import pages
+from medomni_cas.view.contrasts import PlotCache
 from medomni_cas.view.html import esc, layout
 from medomni_cas.view.pages import Context, Page, PageError
 from medomni_cas.view.queries import PAGE, clamp
@@ -126,6 +128,23 @@ def make_app(
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok", headers=HEADERS)
 
+    plots = PlotCache()
+
+    async def plot(request: Request) -> Response:
+        from starlette.responses import Response
+
+        name = _param(request, "name")
+        try:
+            oid = pages.resolve(ctx, _param(request, "id"))
+            svg = plots.svg(store, oid, name)
+        except PageError as e:
+            return _error(e.status, e.title, e.message)
+        except ModuleNotFoundError as e:  # the compare extra draws plots
+            return _error(404, "No plots", f"plots need matplotlib: {e}")
+        if svg is None:
+            return _error(404, "Not found", f"no plot {name!r} of {oid.hex()}")
+        return Response(svg, media_type="image/svg+xml", headers=HEADERS)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         if status == 404:
@@ -149,6 +168,8 @@ def make_app(
             ),
         ),
         get("/comparisons", lambda c, r: pages.comparisons_page(c, *_paging(r))),
+        get("/comparison/{id}", lambda c, r: pages.comparison_page(c, _param(r, "id"))),
+        Route("/plot/{id}/{name}.svg", plot, methods=["GET", "HEAD"]),
         get("/jobs", lambda c, r: pages.jobs_page(c, *_paging(r))),
         get("/job/{id}", lambda c, r: pages.job_page(c, _param(r, "id"), *_paging(r))),
         get("/run/{id}", lambda c, r: pages.run_page_html(c, _param(r, "id"))),

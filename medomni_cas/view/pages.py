@@ -34,6 +34,14 @@ from medomni_cas.store.trees import NodeCache, iter_tree
 from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.records import SetBuild, TaskSetRecord
 from medomni_cas.studio.refnames import TASK_SET_REFS, set_build_ref, task_set_ref
+from medomni_cas.view.contrasts import (
+    COMPARISON_KIND,
+    COMPARISON_REFS,
+    comparison_of_set,
+    contrast_table,
+    plots_html,
+    read_comparison,
+)
 from medomni_cas.view.fields import describe, plain
 from medomni_cas.view.html import (
     Html,
@@ -61,17 +69,18 @@ from medomni_cas.view.queries import (
 )
 
 __all__ = [
-    "COMPARISON_REFS",
     "Context",
     "Page",
     "PageError",
     "blob_page",
+    "comparison_page",
     "comparisons_page",
     "index_page",
     "job_page",
     "jobs_page",
     "object_page",
     "provenance_page",
+    "resolve",
     "refs_page",
     "result_page",
     "results_page",
@@ -81,8 +90,6 @@ __all__ = [
     "tree_page",
 ]
 
-#: Where paired contrasts between arms are kept (`Comparison` objects), when there are any.
-COMPARISON_REFS = "comparisons/"
 #: Bytes of each log file shown on a run's page (the file's own page shows more).
 LOG_BYTES = 16 << 10
 #: Items of one list or map a generic object page shows.
@@ -123,7 +130,8 @@ class PageError(Exception):
         self.status, self.title, self.message = status, title, message
 
 
-def _resolve(ctx: Context, spec: str) -> ObjectId:
+def resolve(ctx: Context, spec: str) -> ObjectId:
+    """The id ``spec`` names (an id, a prefix, a ref name); `PageError` 404 naming it."""
     try:
         return ctx.store.resolve(spec)
     except AmbiguousId as e:
@@ -150,7 +158,7 @@ def _raw(ctx: Context, oid: ObjectId) -> tuple[bytes, str]:
 
 
 def _typed[T](ctx: Context, spec: str, cls: type[T], what: str) -> tuple[ObjectId, T]:
-    oid = _resolve(ctx, spec)
+    oid = resolve(ctx, spec)
     data, kind = _raw(ctx, oid)
     try:
         return oid, encoding.decode_body(data, cls)
@@ -401,6 +409,7 @@ def comparisons_page(ctx: Context, offset: int, limit: int) -> Page:
 def result_page(ctx: Context, spec: str, offset: int = 0, limit: int = ROWS) -> Page:
     oid, r = _typed(ctx, spec, Result, "a result")
     store = ctx.store
+    ts_name = ""
     try:
         ts_name = store.get(r.task_set, TaskSetRecord).name
         ts_html = link(f"/taskset/{url_part(ts_name)}", ts_name) + " " + obj_link(r.task_set)
@@ -425,10 +434,57 @@ def result_page(ctx: Context, spec: str, offset: int = 0, limit: int = ROWS) -> 
         "<h2>Scores</h2>",
         pager(f"/result/{oid.hex()}", offset, limit, len(r.rows)),
         _score_table(r.rows[offset : offset + limit]),
+        "<h2>Contrasts</h2>",
+        _contrasts_of(ctx, ts_name, r.task_set),
         "<h2>Jobs</h2>",
         _job_rows(ctx, list(r.jobs)) or '<p class="muted">none</p>',
     ]
     return Page(f"Result {oid.hex()[:12]}", "".join(body))
+
+
+def _contrasts_of(ctx: Context, set_name: str, task_set: ObjectId) -> Html:
+    """The set's latest comparison, when it compares this result's task set."""
+    found = comparison_of_set(ctx.store, set_name, task_set) if set_name else None
+    if found is None:
+        hint = f"medomni bench compare {set_name}" if set_name else "medomni bench compare"
+        return f'<p class="muted">no comparison of these arms yet ({esc(hint)})</p>'
+    cid, values = found
+    rows = values.get("rows") or []
+    return (
+        f"<p>comparison {link(f'/comparison/{cid.hex()}', cid.hex()[:12])}: "
+        f"{len(rows):,} contrasts, {esc(values.get('comparer', ''))} "
+        f"{esc(values.get('comparer_version', ''))}; "
+        f"{link(f'/provenance/{cid.hex()}', 'provenance of the contrasts')}</p>"
+        + contrast_table(rows)
+        + plots_html(cid, rows)
+    )
+
+
+def comparison_page(ctx: Context, spec: str) -> Page:
+    """A comparison: what it was computed from, its contrasts and its plots."""
+    oid = resolve(ctx, spec)
+    _raw(ctx, oid)
+    values = read_comparison(ctx.store, oid)
+    if values is None:
+        raise PageError(404, "Not found", f"object {oid.hex()} is not a comparison")
+    rows = values.get("rows") or []
+    fields = [
+        ("comparison", esc(oid.hex())),
+        ("provenance", link(f"/provenance/{oid.hex()}", "links followed down")),
+    ]
+    for name, value in values.items():
+        if name == "rows":
+            continue
+        if name == "answer_keys":
+            shown = " ".join(_answer_link(ctx, k) for k in value if isinstance(k, ObjectId))
+        elif name == "jobs":
+            shown = " ".join(link(f"/job/{j.hex()}", j.hex()[:12]) for j in value)
+        else:
+            shown = _value_html(ctx, value, 1)
+        fields.append((name, shown))
+    body = kv_table(fields) + "<h2>Contrasts</h2>" + contrast_table(rows)
+    body += "<h2>Plots</h2>" + (plots_html(oid, rows) or '<p class="muted">none</p>')
+    return Page(f"Comparison {oid.hex()[:12]}", body)
 
 
 def _score_table(rows: Iterable[ScoreRow]) -> Html:
@@ -458,7 +514,7 @@ def _score_table(rows: Iterable[ScoreRow]) -> Html:
 
 
 def provenance_page(ctx: Context, spec: str) -> Page:
-    oid = _resolve(ctx, spec)
+    oid = resolve(ctx, spec)
     _raw(ctx, oid)  # a hidden object has no provenance page either
     root = lineage(ctx.store, oid, ctx.guard)
     return Page(f"Provenance of {oid.hex()[:12]}", f'<ul class="tree">{_tree_html(root)}</ul>')
@@ -484,7 +540,7 @@ def _tree_html(node: Node) -> Html:
 
 # -- jobs and runs ------------------------------------------------------------------------------
 def job_page(ctx: Context, spec: str, offset: int, limit: int) -> Page:
-    oid = _resolve(ctx, spec)
+    oid = resolve(ctx, spec)
     _, kind = _raw(ctx, oid)
     if kind != JobRecord.__kind__:
         raise PageError(404, "Not found", f"object {oid.hex()} is a {kind}, not a job")
@@ -629,7 +685,7 @@ def _preview_html(p: Preview) -> Html:
 # -- any object ---------------------------------------------------------------------------------
 def object_page(ctx: Context, spec: str, params: Mapping[str, str]) -> Page:
     """Any object: by its kind's own page, or as its fields."""
-    oid = _resolve(ctx, spec)
+    oid = resolve(ctx, spec)
     data, kind = _raw(ctx, oid)
     offset, limit = _int(params, "offset", 0), _int(params, "limit", PAGE)
     if kind == Result.__kind__:
@@ -642,6 +698,8 @@ def object_page(ctx: Context, spec: str, params: Mapping[str, str]) -> Page:
         return tree_page(ctx, oid.hex(), "")
     if kind in (BLOB, CHUNKED):
         return blob_page(ctx, oid, f"Blob {oid.hex()[:12]}")
+    if kind == COMPARISON_KIND:
+        return comparison_page(ctx, oid.hex())
     if kind == TaskSetRecord.__kind__:
         name = encoding.decode_body(data, TaskSetRecord).name
         if ctx.store.refs.get(task_set_ref(name)) == oid:
@@ -713,7 +771,7 @@ def _rows_html(ctx: Context, rows: list[dict[str, Any]], depth: int) -> Html:
 
 def tree_page(ctx: Context, spec: str, path: str) -> Page:
     """A folder inside a tree, or a file's contents: ``path`` is followed name by name."""
-    root = _resolve(ctx, spec)
+    root = resolve(ctx, spec)
     _raw(ctx, root)
     cache = NodeCache(ctx.store)
     oid, shown = root, ""
