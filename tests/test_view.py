@@ -10,7 +10,9 @@ MEDOMNI_REQUIRE_BROWSER=1, which makes it fail instead (CI sets it).
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 import os
 import re
 import shutil
@@ -283,6 +285,36 @@ def test_a_harbor_trials_nested_logs_are_listed_and_open() -> None:
         assert SCRIPT in _text(log) and "<script" not in log
         folder = _text(_ok(client, f"/tree/{logs.hex()}/agent"))
         assert "terminus-2.log" in folder and "blob" in folder
+
+
+def test_attestations_of_an_object_are_listed_on_its_page() -> None:
+    """An ``attestations/`` ref whose record names an object as its subject is shown on the
+    object's page (the record as the attestation code stores it; its signature is checked
+    by ``medomni audit verify-attestation``, not here)."""
+    with mc.open("memory://") as store:
+        subject = store.put_object("test.standin", 1, {"what": "a result"})
+        other = store.put_object("test.standin", 1, {"what": "another"})
+        statement = {"predicate": {"result": f"{SCRIPT} signed"}}
+        payload = base64.b64encode(json.dumps(statement).encode()).decode()
+        envelope = json.dumps(
+            {"payload": payload, "payloadType": "application/vnd.in-toto+json", "signatures": []}
+        ).encode()
+        body = {
+            "subject": subject,
+            "keyid": "k" * 16,
+            "predicate_type": "https://medomni.example/result/v1",
+            "envelope": envelope,
+        }
+        att = store.put_object("medomni.attestation", 1, body)
+        store.refs.set(f"attestations/{SET}/{'k' * 16}", att)
+        client = TestClient(make_app(store), base_url=BASE)
+        page = _ok(client, f"/object/{subject.hex()}")
+        seen = _text(page)
+        assert "Attestations" in seen and "k" * 16 in seen and f"{SCRIPT} signed" in seen
+        assert f"/object/{att.hex()}" in _links(page, "/object/") and "<script" not in page
+        assert "Attestations" not in _text(_ok(client, f"/object/{other.hex()}"))
+        shown = _text(_ok(client, f"/object/{att.hex()}"))
+        assert envelope.decode() in shown  # the envelope's JSON as text
 
 
 # -- answers -------------------------------------------------------------------------------

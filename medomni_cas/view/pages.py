@@ -90,10 +90,15 @@ __all__ = [
     "tree_page",
 ]
 
+#: Where signed attestations of results and comparisons are kept, and their kind.
+ATTESTATION_REFS = "attestations/"
+ATTESTATION_KIND = "medomni.attestation"
 #: Bytes of each log file shown on a run's page (the file's own page shows more).
 LOG_BYTES = 16 << 10
 #: Items of one list or map a generic object page shows.
 ITEMS = 200
+#: Bytes of a bytes field shown on an object's page.
+PREVIEW = 64 << 10
 #: Score rows shown at once on a result's page.
 ROWS = 200
 _RUN_HEAD = ["#", "run", "pair", "patient", "attempt", "outcome", "served model"]
@@ -436,6 +441,7 @@ def result_page(ctx: Context, spec: str, offset: int = 0, limit: int = ROWS) -> 
         _score_table(r.rows[offset : offset + limit]),
         "<h2>Contrasts</h2>",
         _contrasts_of(ctx, ts_name, r.task_set),
+        _attestations_html(ctx, oid),
         "<h2>Jobs</h2>",
         _job_rows(ctx, list(r.jobs)) or '<p class="muted">none</p>',
     ]
@@ -484,7 +490,53 @@ def comparison_page(ctx: Context, spec: str) -> Page:
         fields.append((name, shown))
     body = kv_table(fields) + "<h2>Contrasts</h2>" + contrast_table(rows)
     body += "<h2>Plots</h2>" + (plots_html(oid, rows) or '<p class="muted">none</p>')
-    return Page(f"Comparison {oid.hex()[:12]}", body)
+    return Page(f"Comparison {oid.hex()[:12]}", body + _attestations_html(ctx, oid))
+
+
+def _signed_result(envelope: object) -> str:
+    """The predicate's ``result`` in a DSSE envelope's in-toto statement, or ``?``."""
+    import base64
+    import json
+
+    try:
+        doc = json.loads(envelope)  # type: ignore[arg-type]  # bytes, or an error below
+        statement = json.loads(base64.b64decode(doc["payload"], validate=True))
+        return str(statement["predicate"]["result"])
+    except (TypeError, ValueError, KeyError):
+        return "?"
+
+
+def _attestations_html(ctx: Context, subject: ObjectId) -> Html:
+    """The signed attestations the ``attestations/`` refs hold of ``subject`` (as their
+    records say; `medomni audit verify-attestation` checks the signatures)."""
+    rows = []
+    for name, aid in ctx.store.refs.items(ATTESTATION_REFS):
+        try:
+            kind, _, body = encoding.decode(ctx.store.get_raw(aid))
+        except (InvalidObject, NotFound):
+            continue
+        values = plain(body)
+        if kind != ATTESTATION_KIND or not isinstance(values, dict):
+            continue
+        if values.get("subject") != subject:
+            continue
+        rows.append(
+            [
+                esc(name),
+                obj_link(aid),
+                esc(values.get("keyid", "")),
+                esc(values.get("predicate_type", "")),
+                esc(_signed_result(values.get("envelope"))),
+            ]
+        )
+    if not rows:
+        return ""
+    note = (
+        '<p class="muted">as the records say; the signatures are checked by '
+        "<code>medomni audit verify-attestation</code></p>"
+    )
+    head = ["ref", "attestation", "key id", "predicate", "result signed"]
+    return "<h2>Attestations</h2>" + note + table(head, rows)
 
 
 def _score_table(rows: Iterable[ScoreRow]) -> Html:
@@ -716,7 +768,8 @@ def object_page(ctx: Context, spec: str, params: Mapping[str, str]) -> Page:
             ("provenance", link(f"/provenance/{oid.hex()}", "links followed down")),
         ]
     )
-    return Page(describe(kind, values), head + "<h2>Fields</h2>" + _value_html(ctx, values, 0))
+    fields = "<h2>Fields</h2>" + _value_html(ctx, values, 0)
+    return Page(describe(kind, values), head + fields + _attestations_html(ctx, oid))
 
 
 def _int(params: Mapping[str, str], name: str, default: int) -> int:
@@ -750,7 +803,11 @@ def _value_html(ctx: Context, value: Any, depth: int) -> Html:
             else ""
         )
         return f"<ol start=0>{''.join(cells)}{more}</ol>"
-    if isinstance(value, bytes):
+    if isinstance(value, bytes):  # an envelope's JSON, say: text when it is
+        text = Preview(value[:PREVIEW], len(value)).text
+        if text is not None:
+            more = f'<p class="muted">{len(value):,} bytes</p>' if len(value) > PREVIEW else ""
+            return f"<pre>{esc(text)}</pre>{more}"
         return f"<code>{esc(value[:64].hex())}</code>" + (" …" if len(value) > 64 else "")
     if isinstance(value, str) and ("\n" in value or len(value) > 200):
         return f"<pre>{esc(value)}</pre>"
