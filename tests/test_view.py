@@ -378,6 +378,8 @@ def test_unknown_ids_and_names_are_404_naming_them(client: TestClient, world: Wo
         (f"/tree/{zeros}/a.txt", zeros),
         ("/object/results/no-such-set", "results/no-such-set"),
         ("/taskset/medomni-bench/nope", "medomni-bench/nope"),
+        ("/taskset/not a name!", "not a name!"),
+        ("/object/not an id!", "not an id!"),
         (f"/run/{world.hostile_job.hex()}", "not a run"),
         (f"/job/{world.result.hex()}", "not a job"),
         ("/no/such/page", "/no/such/page"),

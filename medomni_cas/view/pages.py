@@ -236,7 +236,10 @@ def tasksets_page(ctx: Context, offset: int, limit: int) -> Page:
 
 def taskset_page(ctx: Context, name: str) -> Page:
     store = ctx.store
-    oid = store.refs.get(task_set_ref(name)) if _ref_name_ok(name) else None
+    try:
+        oid = store.refs.get(task_set_ref(name)) if _ref_name_ok(name) else None
+    except InvalidName:
+        oid = None
     if oid is None:
         raise PageError(404, "Not found", f"no task set {name!r} in this store")
     ts = store.get(oid, TaskSetRecord)
