@@ -33,6 +33,8 @@ from medomni_cas.audit.provenance import Provenance
 from medomni_cas.audit.provenance import provenance as audit_provenance
 from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.agents import find_agent, load_agent
+from medomni_cas.bench.comparisons import Comparison
+from medomni_cas.bench.contrasts import Compared, CompareError, compare_jobs, write_comparisons
 from medomni_cas.bench.harness import RunReport, run_set
 from medomni_cas.bench.records import AgentConfig, JobRecord
 from medomni_cas.bench.refnames import result_ref
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Bar",
+    "CompareReport",
     "DiffReport",
     "FolderName",
     "Folders",
@@ -78,8 +81,10 @@ __all__ = [
     "check_answer_keys",
     "check_pair",
     "check_set",
+    "compare",
     "diff",
     "export",
+    "find_comparison",
     "format_value",
     "open_remote",
     "provenance",
@@ -467,6 +472,68 @@ def score(
     )
     files = write_results(scored, Path(out)) if out is not None else ()
     return ScoreReport(scored, tuple(files))
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    """A stored comparison and the files written for it (none when no folder was asked for)."""
+
+    compared: Compared
+    files: tuple[Path, ...] = ()
+
+    @property
+    def comparison(self) -> ObjectId:
+        return self.compared.comparison
+
+
+def compare(
+    store: Store,
+    set_name: str,
+    *,
+    arms: Sequence[str] | None = None,
+    agents: Sequence[str] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    out: str | Path | None = None,
+    plots: bool = True,
+) -> CompareReport:
+    """Paired contrasts between arms of the set's recorded jobs (`compare_jobs`): ``arms``
+    (two arm labels, A then B: A - B) or the defaults, for ``agents`` or every agent; move
+    ``comparisons/<set>`` to it and write comparisons.json/.parquet (and, with ``plots``,
+    the forest and ladder plots) into ``out``."""
+    view = show_set(store, set_name)
+    if arms is not None and len(arms) != 2:
+        raise CompareError(f"--arms takes two arm labels, A and B (A - B); got {list(arms)}")
+    jobs = jobs_of(store, view.task_set, list(agents) if agents else None)
+    compared = compare_jobs(
+        store,
+        jobs,
+        contrasts=[(arms[0], arms[1])] if arms else (),
+        agents=tuple(agents or ()),
+        n_boot=n_boot,
+        seed=seed,
+        set_name=set_name,
+    )
+    files: tuple[Path, ...] = ()
+    if out is not None:
+        files = write_comparisons(compared, Path(out))
+        if plots:
+            from medomni_cas.bench.plots import comparison_plots
+
+            files += tuple(comparison_plots(compared.record.rows, Path(out)))
+    return CompareReport(compared, files)
+
+
+def find_comparison(store: Store, spec: str | ObjectId) -> tuple[ObjectId, Comparison] | None:
+    """The comparison ``spec`` names (the ref ``comparisons/<set>``, an id, a prefix), or
+    None when it names something else (a set name names its result)."""
+    try:
+        oid = result_id(store, spec)  # a set name is its result's, never its comparison's
+    except MedomniError:
+        return None
+    if store.kind(oid) != Comparison.__kind__:
+        return None
+    return oid, store.get(oid, Comparison)
 
 
 def check_answer_keys(
