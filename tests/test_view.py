@@ -1,9 +1,10 @@
-"""``medomni view``: every page over a real built, run and scored workspace, in-process
+"""``medomni view``: every page over a real built, run, scored and compared workspace, in-process
 (Starlette's TestClient) and in headless Chromium (Selenium), plus the CLI.
 
 One workspace per module: a set of one small pair (a four-patient cohort of the CKD
 template) under no-perception and encoders, run by the baseline agent (process runner) and,
-on no-perception, by a hostile agent that prints markup into its logs; then scored. The
+on no-perception, by a hostile agent that prints markup into its logs; then scored, and the
+baseline's arms compared (`medomni bench compare`). The
 browser test skips without chromium and chromedriver (`make browser`) unless
 MEDOMNI_REQUIRE_BROWSER=1, which makes it fail instead (CI sets it).
 """
@@ -29,6 +30,7 @@ import yaml
 from starlette.testclient import TestClient
 
 import medomni_cas as mc
+from medomni_cas import porcelain
 from medomni_cas.bench.records import AnswerColumns, JobRecord, Result
 from medomni_cas.bench.refnames import answers_ref, result_ref
 from medomni_cas.cli.main import main
@@ -53,6 +55,7 @@ class World:
     result: ObjectId
     hostile_job: ObjectId
     hostile_run: ObjectId
+    comparison: ObjectId
 
 
 def _cohort(root: Path) -> None:
@@ -105,10 +108,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         scored = score_jobs(
             store, jobs_of(store, task_set), n_boot=20, set_name=SET, allow_partial=True
         )
+        # the baseline's contrast encoders - no-perception (the hostile agent has one arm)
+        compared = porcelain.compare(store, SET, agents=["baseline"], n_boot=20)
         for jid in scored.record.jobs:
             job = store.get(jid, JobRecord)
             if job.name.split("--")[1] == "hostile":
-                return World(root, url, scored.result, jid, job.runs[0])
+                return World(root, url, scored.result, jid, job.runs[0], compared.comparison)
     raise AssertionError("no hostile job was recorded")
 
 
@@ -226,6 +231,32 @@ def test_link_slice_refuses_what_is_not_an_array_of_links() -> None:
     with pytest.raises(mc.InvalidObject):
         link_slice(raw[:-1], 0, 1)
     assert JobHead.__kind__ == JobRecord.__kind__
+
+
+# -- contrasts ------------------------------------------------------------------------------
+def test_contrasts_and_plots_on_the_result_page(client: TestClient, world: World) -> None:
+    cid = world.comparison.hex()
+    page = _ok(client, f"/result/{world.result.hex()}")
+    seen = _text(page)
+    assert "encoders - no-perception" in seen and "patients" in seen
+    assert f"/comparison/{cid}" in _links(page, "/comparison/")
+    assert f"/provenance/{cid}" in _links(page, "/provenance/")
+    assert f'src="/plot/{cid}/forest.svg"' in page and "ladder.svg" not in page
+    r = client.get(f"/plot/{cid}/forest.svg")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")
+    assert b"<svg" in r.content and b"<script" not in r.content
+    assert "default-src 'none'" in r.headers["content-security-policy"]
+    assert client.get(f"/plot/{cid}/forest.svg").content == r.content  # drawn once, kept
+    assert client.get(f"/plot/{cid}/ladder.svg").status_code == 404  # no ladder in this set
+    assert client.get(f"/plot/{world.result.hex()}/forest.svg").status_code == 404
+    comparison = _text(_ok(client, f"/comparison/{cid}"))
+    assert "encoders - no-perception" in comparison and "(hidden)" in comparison
+    assert _ok(client, f"/object/{cid}") == _ok(client, f"/comparison/{cid}")
+    listed = _ok(client, "/comparisons")
+    assert SET in _text(listed) and f"/provenance/{cid}" in _links(listed, "/provenance/")
+    prov = _text(_ok(client, f"/provenance/{cid}"))
+    assert "medomni.comparison" in prov and "medomni.job" in prov
+    assert "hidden: an answer key" in prov
 
 
 # -- untrusted contents --------------------------------------------------------------------
@@ -523,6 +554,18 @@ def test_in_a_browser_from_a_result_to_a_log_and_to_provenance(
             click("medomni.agent-config")
             assert "medomni.agent-config" in driver.find_element(By.TAG_NAME, "main").text
             shot("6-agent-config")
+            # the result's contrasts, their forest plot, and the provenance of the contrasts
+            driver.get(f"{url}result/{world.result.hex()}")
+            main_text = driver.find_element(By.TAG_NAME, "main").text
+            assert "encoders - no-perception" in main_text
+            forest = driver.find_element(By.CSS_SELECTOR, "img.plot")
+            width = forest.get_property("naturalWidth")
+            assert isinstance(width, int) and width > 100  # the SVG loaded and drew
+            shot("7-contrasts")
+            click("provenance of the contrasts")
+            tree = driver.find_element(By.TAG_NAME, "main").text
+            assert "medomni.comparison" in tree and "medomni.job" in tree
+            shot("8-contrast-provenance")
         finally:
             driver.quit()
-    assert len(list(shots.glob("*.png"))) == 6
+    assert len(list(shots.glob("*.png"))) == 8
