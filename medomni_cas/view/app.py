@@ -27,7 +27,7 @@ from medomni_cas._extras import require
 from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError, NotFound
 from medomni_cas.store.store import Store
 from medomni_cas.view import pages
-from medomni_cas.view.contrasts import PlotCache
+from medomni_cas.view.contrasts import PlotCache, rows_of
 from medomni_cas.view.html import esc, layout
 from medomni_cas.view.pages import Context, Page, PageError
 from medomni_cas.view.queries import PAGE, clamp
@@ -74,7 +74,8 @@ def _page(ctx: Context, fn: PageFn) -> Callable[[Request], Awaitable[Response]]:
     """An endpoint that renders ``fn``'s page, its `PageError` as an error page.
 
     The store is read in the event loop's thread, one request at a time: the pages read
-    little, and the store's readers need no locking this way.
+    little, and the store's readers need no locking this way (only drawing a plot, which
+    reads no store, runs in a worker thread).
     """
 
     async def endpoint(request: Request) -> Response:
@@ -131,12 +132,18 @@ def make_app(
     plots = PlotCache()
 
     async def plot(request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
         from starlette.responses import Response
 
         name = _param(request, "name")
         try:
             oid = pages.resolve(ctx, _param(request, "id"))
-            svg = plots.svg(store, oid, name)
+            done, svg = plots.cached(oid, name)
+            if not done:
+                rows = rows_of(store, oid)
+                if rows is None:
+                    return _error(404, "Not found", f"object {oid.hex()} is not a comparison")
+                svg = await run_in_threadpool(plots.draw, oid, name, rows)
         except PageError as e:
             return _error(e.status, e.title, e.message)
         except ModuleNotFoundError as e:  # the compare extra draws plots

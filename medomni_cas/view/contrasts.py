@@ -28,6 +28,7 @@ __all__ = [
     "contrast_table",
     "plots_html",
     "read_comparison",
+    "rows_of",
 ]
 
 COMPARISON_KIND = "medomni.comparison"
@@ -118,39 +119,52 @@ def plots_html(oid: ObjectId, rows: list[dict[str, Any]]) -> Html:
 
 
 class PlotCache:
-    """SVG bytes of (comparison, plot), drawn once; a few dozen kept."""
+    """SVG bytes of (comparison, plot), drawn once; a few dozen kept.
+
+    Reading a comparison's rows (`rows`) is the store's part, done where the store is read;
+    drawing (`draw`) touches no store and takes seconds the first time (matplotlib's
+    import), so the app runs it in a worker thread, not in its event loop.
+    """
 
     def __init__(self, size: int = 32) -> None:
         self.size = size
         self._items: OrderedDict[tuple[bytes, str], bytes | None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def svg(self, store: Store, oid: ObjectId, name: str) -> bytes | None:
-        """The plot ``name`` of comparison ``oid`` as SVG; None when it has none."""
-        key = (bytes(oid), name)
+    def cached(self, oid: ObjectId, name: str) -> tuple[bool, bytes | None]:
+        """(whether the plot was drawn already, its SVG or None)."""
         with self._lock:
+            key = (bytes(oid), name)
             if key in self._items:
                 self._items.move_to_end(key)
-                return self._items[key]
-        data = _draw(store, oid, name)
+                return True, self._items[key]
+        return False, None
+
+    def draw(self, oid: ObjectId, name: str, rows: list[dict[str, Any]]) -> bytes | None:
+        """Draw the plot ``name`` from the comparison's rows and keep it (None: it has none)."""
+        data = _draw(name, rows)
         with self._lock:
-            self._items[key] = data
+            self._items[(bytes(oid), name)] = data
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
         return data
 
 
-def _draw(store: Store, oid: ObjectId, name: str) -> bytes | None:
+def rows_of(store: Store, oid: ObjectId) -> list[dict[str, Any]] | None:
+    """A comparison's contrast rows, or None when ``oid`` is no comparison."""
+    values = read_comparison(store, oid)
+    return None if values is None else list(values.get("rows") or [])
+
+
+def _draw(name: str, rows: list[dict[str, Any]]) -> bytes | None:
+    import importlib
     import io
 
-    values = read_comparison(store, oid)
-    if values is None or name not in PLOTS:
+    if name not in PLOTS:
         return None
-    import importlib
-
     # the compare extra draws plots (matplotlib, imported when one is drawn)
     plots = importlib.import_module("medomni_cas.bench.plots")
-    fig = getattr(plots, PLOTS[name])(values.get("rows") or [])
+    fig = getattr(plots, PLOTS[name])(rows)
     if fig is None:
         return None
     buf = io.BytesIO()
