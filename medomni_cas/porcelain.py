@@ -718,5 +718,7 @@ def view(
     from medomni_cas.view import bind, make_app, serve
     from medomni_cas.view.server import allowed_hosts
 
-    app = make_app(store, show_answer_keys=show_answer_keys, hosts=allowed_hosts(host))
+    app = make_app(
+        store, show_answer_keys=show_answer_keys, hosts=allowed_hosts(host), warm_plots=True
+    )
     serve(app, bind(host, port), ready=ready)

@@ -259,6 +259,21 @@ def test_contrasts_and_plots_on_the_result_page(client: TestClient, world: World
     assert "hidden: an answer key" in prov
 
 
+def test_the_latest_comparisons_plots_are_drawn_ahead(store: mc.Store, world: World) -> None:
+    """`medomni view` draws the plots of the latest comparisons as it starts (a background
+    thread), so the first page showing them does not wait for matplotlib."""
+    from medomni_cas.view.contrasts import PlotCache, warm
+
+    cache = PlotCache()
+    assert cache.cached(world.comparison, "forest") == (False, None)
+    thread = warm(store, cache)
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    drawn, svg = cache.cached(world.comparison, "forest")
+    assert drawn and svg is not None and b"<svg" in svg
+    assert cache.cached(world.comparison, "ladder") == (False, None)  # no ladder in this set
+
+
 # -- untrusted contents --------------------------------------------------------------------
 def test_a_hostile_log_is_shown_as_text(client: TestClient, world: World) -> None:
     run = _ok(client, f"/run/{world.hostile_run.hex()}")

@@ -27,7 +27,7 @@ from medomni_cas._extras import require
 from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError, NotFound
 from medomni_cas.store.store import Store
 from medomni_cas.view import pages
-from medomni_cas.view.contrasts import PlotCache, rows_of
+from medomni_cas.view.contrasts import PlotCache, rows_of, warm
 from medomni_cas.view.html import esc, layout
 from medomni_cas.view.pages import Context, Page, PageError
 from medomni_cas.view.queries import PAGE, clamp
@@ -110,9 +110,14 @@ def _param(request: Request, name: str) -> str:
 
 
 def make_app(
-    store: Store, *, show_answer_keys: bool = False, hosts: Sequence[str] = LOOPBACK_HOSTS
+    store: Store,
+    *,
+    show_answer_keys: bool = False,
+    hosts: Sequence[str] = LOOPBACK_HOSTS,
+    warm_plots: bool = False,
 ) -> Starlette:
-    """The viewer over ``store``; requests must name one of ``hosts`` (``"*"``: any)."""
+    """The viewer over ``store``; requests must name one of ``hosts`` (``"*"``: any).
+    ``warm_plots`` draws the latest comparisons' plots in a background thread at once."""
     _web()
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -130,6 +135,8 @@ def make_app(
         return PlainTextResponse("ok", headers=HEADERS)
 
     plots = PlotCache()
+    if warm_plots:
+        warm(store, plots)
 
     async def plot(request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool

@@ -26,9 +26,11 @@ __all__ = [
     "PlotCache",
     "comparison_of_set",
     "contrast_table",
+    "plot_names",
     "plots_html",
     "read_comparison",
     "rows_of",
+    "warm",
 ]
 
 COMPARISON_KIND = "medomni.comparison"
@@ -108,8 +110,7 @@ def contrast_table(rows: list[dict[str, Any]]) -> Html:
 
 def plots_html(oid: ObjectId, rows: list[dict[str, Any]]) -> Html:
     """The comparison's plots as images (drawn when first asked for)."""
-    kinds = {r.get("kind") for r in rows}
-    shown = [name for name, kind in (("forest", "arms"), ("ladder", "ladder")) if kind in kinds]
+    shown = plot_names(rows)
     return "".join(
         f'<p><img class="plot" src="/plot/{oid.hex()}/{name}.svg" alt="{esc(name)} plot"><br>'
         + link(f"/plot/{oid.hex()}/{name}.svg", f"{name}.svg")
@@ -148,6 +149,31 @@ class PlotCache:
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
         return data
+
+
+def plot_names(rows: list[dict[str, Any]]) -> list[str]:
+    """The plots a comparison's rows make: forest for arm contrasts, ladder for rungs."""
+    kinds = {r.get("kind") for r in rows}
+    return [name for name, kind in (("forest", "arms"), ("ladder", "ladder")) if kind in kinds]
+
+
+def warm(store: Store, cache: PlotCache) -> threading.Thread:
+    """Draw the plots of the latest comparisons (``comparisons/`` refs) in a background
+    thread, so that the first page showing them need not wait for matplotlib."""
+
+    def run() -> None:
+        try:
+            for _, oid in list(store.refs.items(COMPARISON_REFS))[: cache.size // 2]:
+                rows = rows_of(store, oid)
+                for name in plot_names(rows or []):
+                    if not cache.cached(oid, name)[0]:
+                        cache.draw(oid, name, rows or [])
+        except Exception:  # a warm-up only: the page draws it, or says why
+            return
+
+    thread = threading.Thread(target=run, name="medomni-view-plots", daemon=True)
+    thread.start()
+    return thread
 
 
 def rows_of(store: Store, oid: ObjectId) -> list[dict[str, Any]] | None:
