@@ -96,7 +96,7 @@ def test_a_key_leaked_by_the_agent_is_in_no_stored_byte(
 
 
 HIDES = """
-    import os, pathlib, runpy, sys
+    import os, pathlib
     key = os.environ["OPENAI_API_KEY"]
     print("configured with", key)
     pathlib.Path(os.environ["TMPDIR"], "cache.json").write_text(key)
@@ -105,8 +105,7 @@ HIDES = """
     (hidden / "note").write_text("Bearer " + os.environ["LEAKY_EXTRA"])
     os.chmod(hidden / "note", 0)
     os.chmod(hidden, 0)  # neither listed nor read, unless made ours again
-    sys.argv = ["llm_agent"]
-    runpy.run_module("examples.llm_agent", run_name="__main__")
+    pathlib.Path(os.environ["MEDOMNI_SUBMISSION"]).write_text('{"ckd_stage": "G2"}')
 """
 
 
@@ -124,11 +123,10 @@ def test_a_kept_scratch_folder_holds_no_secret(
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     script = tmp_path / "hides.py"
     script.write_text(textwrap.dedent(HIDES))
-    with standin(Reply(content=ANSWER)) as provider:
-        monkeypatch.setenv("OPENAI_BASE_URL", provider.base_url)
-        env = ["OPENAI_BASE_URL", "OPENAI_API_KEY", "LEAKY_EXTRA"]
-        agent = llm_config(tree, tmp_path, "hides", env=env, command=["python", str(script)])
-        code, report = run(tree, tmp_path, url, agent, capsys, "--runner-option", "keep=1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # never asked
+    env = ["OPENAI_BASE_URL", "OPENAI_API_KEY", "LEAKY_EXTRA"]
+    agent = llm_config(tree, tmp_path, "hides", env=env, command=["python", str(script)])
+    code, report = run(tree, tmp_path, url, agent, capsys, "--runner-option", "keep=1")
     assert code == 0 and report["jobs"][0]["outcomes"] == {"answered": 3}
     (kept,) = (tmp_path / "runs/.scratch").glob("kept-*")
     files = list(_files(kept))
