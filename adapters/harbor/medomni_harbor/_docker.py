@@ -89,7 +89,8 @@ def remove_stale(host: str | None = None) -> list[str]:
     killed run leaves them (``sleep infinity`` never ends). Returns their names."""
     c = client(host)
     removed = []
-    for ctr in c.containers.list(all=True, filters={"label": LABEL}):
+    # another run on a shared engine may remove its containers while we list them
+    for ctr in c.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
         if not _alive(ctr.labels.get(OWNER_LABEL, "")):
             try:
                 ctr.remove(force=True)
