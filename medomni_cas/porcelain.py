@@ -63,6 +63,8 @@ from medomni_cas.workspace import Workspace
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from medomni_cas.audit.attest import AttestationReport, Attested
+    from medomni_cas.audit.keys import KeyPair
     from medomni_cas.store.sync import SyncProgress, SyncReport
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "Progress",
     "ScoreReport",
     "agent_config",
+    "attest",
     "build",
     "build_pair",
     "check_answer_keys",
@@ -81,6 +84,7 @@ __all__ = [
     "diff",
     "export",
     "format_value",
+    "keygen",
     "provenance",
     "pull",
     "push",
@@ -89,6 +93,7 @@ __all__ = [
     "run",
     "score",
     "verify",
+    "verify_attestation",
 ]
 
 FolderName = Literal["studio", "bench", "runs"]
@@ -628,3 +633,36 @@ def pull(
     store."""
     with _remote(remote, workspace, create=False) as src:
         return sync.pull(store, src, refs, force=force, message=message, progress=progress)
+
+
+# -- attestations --------------------------------------------------------------------------------
+# Signed in-toto statements of results (`medomni_cas.audit.attest`); the keys are Ed25519 PEM
+# files (`medomni_cas.audit.keys`), and `cryptography` is the ``attest`` extra.
+def keygen(path: str | Path, *, force: bool = False) -> KeyPair:
+    """Write a key pair: ``path`` (private, mode 0600) and ``path.pub``; refuses to
+    overwrite either unless ``force``."""
+    from medomni_cas.audit.keys import write_pair
+
+    return write_pair(path, force=force)
+
+
+def attest(
+    store: Store, result: str | ObjectId, key: str | Path, *, output: str | Path | None = None
+) -> Attested:
+    """Verify a result, sign its in-toto statement with the private key file ``key``, store
+    the attestation (``attestations/<set>/<keyid>``) and write the envelope to ``output``."""
+    from medomni_cas.audit.attest import attest as audit_attest
+    from medomni_cas.audit.keys import load_private
+
+    return audit_attest(store, result, load_private(key), output=output)
+
+
+def verify_attestation(
+    path: str | Path, public_key: str | Path, store: Store | None = None
+) -> AttestationReport:
+    """Check the envelope file ``path`` against the public key file; with ``store``, also
+    that its subject is there and gives the same statement when verified again."""
+    from medomni_cas.audit.attest import verify_attestation as audit_verify_attestation
+    from medomni_cas.audit.keys import load_public
+
+    return audit_verify_attestation(Path(path).read_bytes(), load_public(public_key), store)
