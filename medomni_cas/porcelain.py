@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from medomni_cas.audit.attest import AttestationReport, Attested
     from medomni_cas.audit.keys import KeyPair
     from medomni_cas.store.sync import SyncProgress, SyncReport
+    from medomni_cas.studio.commitments import Committed
+    from medomni_cas.studio.reveal import RevealReport
 
 __all__ = [
     "Bar",
@@ -81,6 +83,7 @@ __all__ = [
     "check_answer_keys",
     "check_pair",
     "check_set",
+    "commit_set",
     "diff",
     "export",
     "format_value",
@@ -90,10 +93,12 @@ __all__ = [
     "push",
     "rebuild_set",
     "result_id",
+    "reveal_set",
     "run",
     "score",
     "verify",
     "verify_attestation",
+    "verify_reveal",
 ]
 
 FolderName = Literal["studio", "bench", "runs"]
@@ -666,3 +671,70 @@ def verify_attestation(
     from medomni_cas.audit.keys import load_public
 
     return audit_verify_attestation(Path(path).read_bytes(), load_public(public_key), store)
+
+
+# -- answer commitments ---------------------------------------------------------------------------
+# Commit-then-reveal of a set's answers (`medomni_cas.studio.commitments`, `.reveal`).
+def commit_set(store: Store, name: str) -> Committed:
+    """Commit to the answers of the set's latest build (salted Merkle leaves); a build
+    already committed to keeps its commitment."""
+    from medomni_cas.studio.commitments import commit
+
+    return commit(store, name)
+
+
+def reveal_set(
+    store: Store,
+    name: str,
+    output: str | Path,
+    *,
+    atoms: Sequence[str] | None = None,
+    folders: Folders | None = None,
+    studio: str | Path | None = None,
+    allow_credentialed: bool = False,
+) -> dict[str, Any]:
+    """Write the openings (answer, salt, inclusion proof) of ``atoms`` (default: all) of
+    the set's commitment to ``output``; refused for credentialed data unless
+    ``allow_credentialed``. Returns the document written."""
+    import json
+
+    from medomni_cas.studio.reveal import reveal
+
+    where = studio
+    if where is None and folders is not None:
+        try:
+            where = folders.get("studio", None)
+        except MedomniError:
+            where = None  # no workspace: the set counts as credentialed
+    doc = reveal(store, name, atoms=atoms, studio=where, allow_credentialed=allow_credentialed)
+    Path(output).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def verify_reveal(
+    store: Store, path: str | Path, *, commitment: str | ObjectId | None = None
+) -> RevealReport:
+    """Check a reveal file against the published commitment: ``commitment`` (an id, prefix
+    or ref name in ``store``), else the one the file names, which must be in ``store``."""
+    import json
+
+    from medomni_cas.errors import NotFound
+    from medomni_cas.studio.commitments import AnswerCommitment
+    from medomni_cas.studio.reveal import verify_reveal as check_reveal
+
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    spec = commitment if commitment is not None else (doc or {}).get("commitment")
+    if not isinstance(spec, str | ObjectId) or not spec:
+        raise ValueError(f"{path}: names no commitment; pass --commitment ID")
+    try:
+        cid = store.resolve(spec)
+    except NotFound:
+        raise ValueError(
+            f"{path}: commitment {spec} is not in {store.url}: import the set's published "
+            "bundle (medomni cas import) or pass --commitment ID"
+        ) from None
+    return check_reveal(doc, store.get(cid, AnswerCommitment), cid)

@@ -1,8 +1,8 @@
 """Signed attestations of results: attest, verify-attestation, keygen, and every part
 tampered with.
 
-One small flow per module (one pair, one arm, the baseline agent, scored), in an LMDB store
-under the module's tmp folder. Tests that change the store work on copies.
+One small flow per session (`tests._attest_flow`: one pair, one arm, the baseline agent,
+scored); tests that change more than its attestations work on copies.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import base64
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,37 +26,12 @@ from medomni_cas.bench.records import Result
 from medomni_cas.cli import main
 from medomni_cas.store.bundle import export_bundle, import_bundle
 from medomni_cas.store.sync import push
-from tests._sets import small_tree
-
-SET = "medomni-bench/tiny"
-PAIR = "synth-ehr_ckd-staging@n20"
-
-
-@dataclass(frozen=True)
-class Flow:
-    root: Path
-    url: str
-    result: str
+from tests._attest_flow import PAIR, SET, Flow, attest_flow
 
 
 @pytest.fixture(scope="module")
 def flow(tmp_path_factory: pytest.TempPathFactory) -> Flow:
-    from medomni_cas.bench.agents import find_agent
-    from medomni_cas.bench.harness import run_set
-    from medomni_cas.bench.scorer import jobs_of, score_jobs
-    from medomni_cas.studio.tasksets import build_set
-
-    root = small_tree(
-        tmp_path_factory.mktemp("attest"), arms=["no-perception"], pairs=(PAIR,), name="tiny"
-    )
-    url = f"lmdb://{root}/store"
-    with mc.open(url) as store:
-        built = build_set(store, SET, studio=root / "studio", bench=root / "bench")
-        assert built is not None
-        agent = find_agent(root / "bench", "baseline")
-        run_set(store, SET, agent, runs_dir=root / "runs", studio=root / "studio")
-        scored = score_jobs(store, jobs_of(store, built.task_set), n_boot=50, set_name=SET)
-    return Flow(root, url, scored.result.hex())
+    return attest_flow(tmp_path_factory)
 
 
 @pytest.fixture

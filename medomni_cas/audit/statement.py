@@ -10,9 +10,12 @@ A statement is the in-toto Statement v1 JSON object::
 
 Subjects by kind
     What can be attested is looked up by the subject's record kind (`SUBJECTS`): a
-    `Result` (name ``results/<set>``) now; a kind registered later (a comparison) adds one
-    `SubjectKind`. The blake3 digest *is* the object's id, and the sha256 is over the same
-    canonical bytes, for tools that know only SHA-2.
+    `Result` (name ``results/<set>``, the test-result predicate below) and an
+    `AnswerCommitment` (name ``commitments/<set>``, predicate `COMMITMENT_PREDICATE`: the
+    set, root, leaf count and scheme, so the owner can sign the root published before any
+    run); a kind registered later (a comparison) adds one `SubjectKind`. The blake3
+    digest *is* the object's id, and the sha256 is over the same canonical bytes, for
+    tools that know only SHA-2.
 The test-result predicate (v0.1)
     ``result`` is ``PASSED`` when `medomni audit verify` finds nothing wrong, ``WARNED``
     when it finds nothing wrong but the store moved on since the score (a job re-run after
@@ -37,24 +40,28 @@ from typing import Any
 import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label
-from medomni_cas.audit.verify import verify_result
+from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.records import AgentConfig, JobRecord, Result
 from medomni_cas.bench.refnames import result_ref
 from medomni_cas.errors import InvalidName, MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
+from medomni_cas.studio import merkle
+from medomni_cas.studio.commitments import AnswerCommitment, AnswerSalts
 from medomni_cas.studio.records import SetBuild, TaskSetRecord
-from medomni_cas.studio.refnames import set_build_ref, task_set_ref
+from medomni_cas.studio.refnames import answer_salts_ref, set_build_ref, task_set_ref
 
 __all__ = [
     "CHECKS",
+    "COMMITMENT_PREDICATE",
     "PREDICATE_TYPE",
     "STATEMENT_TYPE",
     "Check",
     "SubjectKind",
     "SUBJECTS",
     "resolve_subject",
+    "result_check",
     "statement",
     "subject_kind",
 ]
@@ -148,18 +155,20 @@ def _result_set(store: Store, oid: ObjectId) -> str:
 
 
 def _check_result(store: Store, oid: ObjectId) -> Check:
-    report = verify_result(store, oid, derived=True, jobs=1)
-    from medomni_cas.audit.commitment import check_result_opens
+    return result_check(verify_result(store, oid, derived=True, jobs=1))
 
-    # None: the set has no answer commitment, so there is nothing to open (not a test)
-    opened = check_result_opens(store, oid) if not report.problems else []
+
+def result_check(report: VerifyReport) -> Check:
+    """The predicate's result and test names from what `verify_result` (``derived=True``)
+    found, for a caller that has just verified the result (the demo)."""
     failed = {
         "closure": [p.message for p in report.problems],
         "answer-columns": list(report.derived),
         "score": [p.message for p in report.score],
     }
-    if opened is not None:
-        failed["answer-commitment"] = opened
+    # a set with no answer commitment (or whose salts are elsewhere) has nothing to open
+    if report.commitment:
+        failed["answer-commitment"] = list(report.unopened)
     bad = tuple(k for k in CHECKS if failed.get(k))
     good = tuple(k for k in CHECKS if k in failed and not failed[k])
     warned = ("store-moved-on",) if report.notices else ()
@@ -242,4 +251,60 @@ SUBJECTS[Result.__kind__] = SubjectKind(
     set_name=_result_set,
     check=_check_result,
     describe=_describe_result,
+)
+
+
+# -- answer commitments ---------------------------------------------------------------------------
+#: The predicate of an attested answer commitment: the owner signs the root it published.
+COMMITMENT_PREDICATE = "https://medomni.dev/attestation/answer-commitment/v1"
+
+
+def _commitment_set(store: Store, oid: ObjectId) -> str:
+    return store.get(oid, AnswerCommitment).set
+
+
+def _check_commitment(store: Store, oid: ObjectId) -> Check:
+    """A commitment is sound when it decodes and its task set is the set it names; where
+    its salts are kept, they must build its root."""
+    com = store.get(oid, AnswerCommitment)
+    failed: dict[str, list[str]] = {"commitment": []}
+    try:
+        name = store.get(com.task_set, TaskSetRecord).name
+        if name != com.set:
+            failed["commitment"].append(f"it names set {com.set}, its task set is {name}")
+    except MedomniError as e:
+        failed["commitment"].append(f"its task set cannot be read: {e}")
+    sid = store.refs.get(answer_salts_ref(com.set))
+    salts = store.get(sid, AnswerSalts) if sid is not None else None
+    if salts is not None and salts.commitment == oid:
+        built = merkle.root([s.leaf for s in salts.leaves]).hex()
+        failed["salts"] = [] if built == com.root else [f"the salts kept build root {built}"]
+    bad = tuple(k for k in failed if failed[k])
+    good = tuple(k for k in failed if not failed[k])
+    messages = tuple(m for k in failed for m in failed[k])
+    return Check("FAILED" if bad else "PASSED", good, bad, (), messages)
+
+
+def _describe_commitment(store: Store, oid: ObjectId, check: Check) -> dict[str, Any]:
+    com = store.get(oid, AnswerCommitment)
+    return {
+        "result": check.result,
+        "passedTests": list(check.passed),
+        "failedTests": list(check.failed),
+        "set": com.set,
+        "task_set": com.task_set.hex(),
+        "set_build": com.set_build,
+        "scheme": com.scheme,
+        "root": com.root,
+        "leaves": com.leaves,
+    }
+
+
+SUBJECTS[AnswerCommitment.__kind__] = SubjectKind(
+    kind=AnswerCommitment.__kind__,
+    what="commitment",
+    predicate_type=COMMITMENT_PREDICATE,
+    set_name=_commitment_set,
+    check=_check_commitment,
+    describe=_describe_commitment,
 )

@@ -15,7 +15,9 @@
   ``attestations/<set>/<keyid>`` too; exit 1 when the result fails (it is attested as
   FAILED);
 * ``verify-attestation FILE --pub KEY [--store URL]``: check the signature; with
-  ``--store``, also that the subject is there and verifies to the same statement.
+  ``--store``, also that the subject is there and verifies to the same statement;
+* ``verify-reveal FILE [--commitment ID]``: check revealed answers against the published
+  answer commitment (the file's, or ``--commitment``; the object must be in the store).
 
 ``<result>`` is a set name such as ``medomni-bench/v1`` (its latest score), an id, a
 unique prefix of 8+ hex characters, or a ref name such as ``results/medomni-bench/v1``
@@ -144,6 +146,24 @@ def cmd_verify_attestation(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
+def cmd_verify_reveal(args: argparse.Namespace) -> int:
+    """Check a reveal's openings against the published commitment; exit 1 naming each
+    part that fails."""
+    with open_store(args) as store:
+        report = porcelain.verify_reveal(store, args.file, commitment=args.commitment)
+    head = f"reveal {args.file}: commitment {report.commitment[:12]} of {report.set}"
+    if report.ok:
+        lines = [f"{head}: ok, {report.opened} openings open root {report.root[:16]}"]
+    else:
+        lines = [
+            f"{head}: {len(report.problems)} problem(s), {report.opened} of "
+            f"{report.openings} openings open root {report.root[:16]}"
+        ]
+        lines += [f"  {p.message}" for p in report.problems]
+    emit(args, to_builtins(report), lines)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
 def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``audit`` and its verbs to the top-level subcommands."""
     p = groups.add_parser(
@@ -212,4 +232,18 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     v.add_argument("file", metavar="FILE", help="a DSSE envelope (audit attest -o)")
     v.add_argument(
         "--pub", required=True, metavar="KEY", help="the signer's Ed25519 public key, PEM"
+    )
+
+    v = add_command(
+        verbs,
+        "verify-reveal",
+        cmd_verify_reveal,
+        "check revealed answers against a set's published answer commitment",
+    )
+    v.add_argument("file", metavar="FILE", help="a reveal (studio taskset reveal -o)")
+    v.add_argument(
+        "--commitment",
+        metavar="ID",
+        help="the published commitment: an id, prefix or ref (default: the file's, which "
+        "must be in the store)",
     )
