@@ -66,8 +66,8 @@ def _path(m: int, leaves: list[bytes]) -> list[bytes]:
     return [*_path(m - k, leaves[k:]), _mth(leaves[:k])]
 
 
-def test_the_tree_is_rfc_6962s_for_every_size_up_to_64() -> None:
-    for n in range(0, 65):
+def test_the_tree_is_rfc_6962s_for_every_size_up_to_40() -> None:
+    for n in range(0, 41):
         leaves = [merkle.leaf_hash(b"%d" % i) for i in range(n)]
         root = merkle.root(leaves)
         assert root == _mth(leaves), n

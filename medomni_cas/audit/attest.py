@@ -64,6 +64,7 @@ __all__ = [
     "Attested",
     "AttestationReport",
     "attest",
+    "attestation_lines",
     "attestations_of",
     "verify_attestation",
 ]
@@ -303,6 +304,11 @@ def _row_hint(doc: dict[str, Any], path: str) -> str:
         r = doc["predicate"]["medomni"]["rows"][i]
     except (ValueError, KeyError, IndexError, TypeError):
         return ""
+    if "a" in r and "b" in r:  # a comparison's contrast row
+        return (
+            f" (row: agent {r.get('agent')}, {r['a']} - {r['b']}, pair {r.get('pair')}, "
+            f"target {r.get('target')}, metric {r.get('metric')})"
+        )
     arm = r.get("arm", "") + (f".{r['arm_variant']}" if r.get("arm_variant") else "")
     return (
         f" (row: agent {r.get('agent')}, arm {arm}, pair {r.get('pair')}, "
@@ -347,3 +353,12 @@ def attestations_of(store: Store, subject: ObjectId) -> list[AttestationInfo]:
             )
         )
     return out
+
+
+def attestation_lines(signed: list[AttestationInfo]) -> list[str]:
+    """``audit show``'s lines for a subject's attestations (none: no lines)."""
+    if not signed:
+        return []
+    return [f"  attestations ({len(signed)})"] + [
+        f"    {a.ref}  {a.id[:12]}  {a.result}" for a in signed
+    ]

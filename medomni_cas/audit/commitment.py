@@ -1,4 +1,4 @@
-"""Does a result's answer key open its set's published answer commitment?
+"""Do a result's (or a comparison's) answer keys open its set's published answer commitment?
 
 A set with a commitment (``studio/commitments/<set>``, `medomni_cas.studio.commitments`)
 promised its answers before any run. `check_result_opens` takes the answers of the
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from medomni_cas.audit._common import short
+from medomni_cas.bench.comparisons import Comparison
 from medomni_cas.bench.records import Result
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
@@ -50,7 +51,10 @@ class Opened:
 
 def check_opens(store: Store, result: ObjectId) -> Opened:
     """Check the result's answers against its set's commitment (see the module docstring)."""
-    res = store.get(result, Result)
+    # a `Result` or a `Comparison`: both link the task set and the set build they scored
+    res = store.get(result)
+    if not isinstance(res, Result | Comparison):
+        raise ValueError(f"{result.hex()} is neither a result nor a comparison")
     set_name = store.get(res.task_set, TaskSetRecord).name
     found = commitment_of(store, set_name)
     out = Opened()

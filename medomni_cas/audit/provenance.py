@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import msgspec
 
 from medomni_cas.audit._common import arm_label, load_result, short, split_pair
-from medomni_cas.audit.attest import AttestationInfo, attestations_of
+from medomni_cas.audit.attest import AttestationInfo, attestation_lines, attestations_of
 from medomni_cas.bench.records import (
     AgentConfig,
     JobRecord,
@@ -478,7 +478,4 @@ def render_text(p: Provenance) -> list[str]:
     # text in a reading order; JSON keeps the result's own order
     for j in sorted(p.jobs, key=lambda j: (j.agent.name, j.arm, j.arm_variant, j.repetition)):
         lines += _job_lines(j)
-    if p.attestations:
-        lines.append(f"  attestations ({len(p.attestations)})")
-        lines += [f"    {a.ref}  {short(a.id)}  {a.result}" for a in p.attestations]
-    return lines
+    return lines + attestation_lines(p.attestations)

@@ -10,10 +10,11 @@ A statement is the in-toto Statement v1 JSON object::
 
 Subjects by kind
     What can be attested is looked up by the subject's record kind (`SUBJECTS`): a
-    `Result` (name ``results/<set>``, the test-result predicate below) and an
-    `AnswerCommitment` (name ``commitments/<set>``, predicate `COMMITMENT_PREDICATE`: the
-    set, root, leaf count and scheme, so the owner can sign the root published before any
-    run); a kind registered later (a comparison) adds one `SubjectKind`. The blake3
+    `Result` (name ``results/<set>``, the test-result predicate below), a `Comparison`
+    between arms (``comparisons/<set>``, the same predicate, its contrast rows in
+    ``medomni``) and an `AnswerCommitment` (name ``commitments/<set>``, predicate
+    `COMMITMENT_PREDICATE`: the set, root, leaf count and scheme, so the owner can sign the
+    root published before any run); a kind added later adds one `SubjectKind`. The blake3
     digest *is* the object's id, and the sha256 is over the same canonical bytes, for
     tools that know only SHA-2.
 The test-result predicate (v0.1)
@@ -33,7 +34,7 @@ The test-result predicate (v0.1)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label
 from medomni_cas.audit.verify import VerifyReport, verify_result
+from medomni_cas.bench.comparisons import Comparison
 from medomni_cas.bench.records import AgentConfig, JobRecord, Result
 from medomni_cas.bench.refnames import result_ref
 from medomni_cas.errors import InvalidName, MedomniError
@@ -184,22 +186,25 @@ def _descriptor(name: str, oid: ObjectId, **annotations: Any) -> dict[str, Any]:
     return d
 
 
-def _describe_result(store: Store, oid: ObjectId, check: Check) -> dict[str, Any]:
-    res = store.get(oid, Result)
-    ts = store.get(res.task_set, TaskSetRecord)
+def _configuration(
+    store: Store, set_name: str, task_set: ObjectId, set_build: ObjectId, jobs: Sequence[ObjectId]
+) -> list[dict[str, Any]]:
+    """The resource descriptors of what a score (or comparison) of the set build and jobs
+    was computed under: the task set, the set build, each build config, each agent config,
+    and the set's answer commitment when it has one."""
     config: list[dict[str, Any]] = [
-        _descriptor(task_set_ref(ts.name), res.task_set),
-        _descriptor(set_build_ref(ts.name), res.set_build),
+        _descriptor(task_set_ref(set_name), task_set),
+        _descriptor(set_build_ref(set_name), set_build),
     ]
     try:
-        sb = store.get(res.set_build, SetBuild)
+        sb = store.get(set_build, SetBuild)
         for e in sb.entries:
             label = arm_label(e.arm, e.arm_variant)
             config.append(_descriptor(f"configs/{e.pair}/{label}", e.config, version=e.version))
     except MedomniError:
         pass  # a damaged set build: the check says so; the statement lists what it can
     agents: dict[ObjectId, str] = {}
-    for jid in res.jobs:
+    for jid in jobs:
         try:
             agents.setdefault(store.get(jid, JobRecord).agent_config, "")
         except MedomniError:
@@ -210,6 +215,16 @@ def _describe_result(store: Store, oid: ObjectId, check: Check) -> dict[str, Any
         except MedomniError:
             name = ac.hex()[:12]
         config.append(_descriptor(f"agents/{name}", ac))
+    from medomni_cas.audit.commitment import commitment_descriptor
+
+    committed = commitment_descriptor(store, set_name)
+    return config + ([committed] if committed is not None else [])
+
+
+def _describe_result(store: Store, oid: ObjectId, check: Check) -> dict[str, Any]:
+    res = store.get(oid, Result)
+    ts = store.get(res.task_set, TaskSetRecord)
+    config = _configuration(store, ts.name, res.task_set, res.set_build, res.jobs)
     config.append(
         {
             "name": f"scorer/{res.scorer}",
@@ -217,11 +232,6 @@ def _describe_result(store: Store, oid: ObjectId, check: Check) -> dict[str, Any
             "annotations": {"version": res.scorer_version, "n_boot": res.n_boot, "seed": res.seed},
         }
     )
-    from medomni_cas.audit.commitment import commitment_descriptor
-
-    committed = commitment_descriptor(store, ts.name)
-    if committed is not None:
-        config.append(committed)
     predicate: dict[str, Any] = {
         "result": check.result,
         "configuration": config,
@@ -251,6 +261,57 @@ SUBJECTS[Result.__kind__] = SubjectKind(
     set_name=_result_set,
     check=_check_result,
     describe=_describe_result,
+)
+
+
+# -- comparisons ----------------------------------------------------------------------------------
+def _comparison_set(store: Store, oid: ObjectId) -> str:
+    return store.get(store.get(oid, Comparison).task_set, TaskSetRecord).name
+
+
+def _describe_comparison(store: Store, oid: ObjectId, check: Check) -> dict[str, Any]:
+    com = store.get(oid, Comparison)
+    ts = store.get(com.task_set, TaskSetRecord)
+    config = _configuration(store, ts.name, com.task_set, com.set_build, com.jobs)
+    config.append(
+        {
+            "name": f"comparer/{com.comparer}",
+            "uri": f"urn:medomni:comparer:{com.comparer}@{com.comparer_version}",
+            "annotations": {
+                "version": com.comparer_version,
+                "n_boot": com.n_boot,
+                "seed": com.seed,
+            },
+        }
+    )
+    return {
+        "result": check.result,
+        "configuration": config,
+        "passedTests": list(check.passed),
+        "warnedTests": list(check.warned),
+        "failedTests": list(check.failed),
+        "medomni": {
+            "subject": {"kind": Comparison.__kind__, "id": oid.hex()},
+            "set": ts.name,
+            "comparer": com.comparer,
+            "comparer_version": com.comparer_version,
+            "n_boot": com.n_boot,
+            "seed": com.seed,
+            "asked": [list(a) for a in com.asked],
+            "agents": list(com.agents),
+            "table": com.table.hex(),
+            "rows": [msgspec.to_builtins(r) for r in com.rows],
+        },
+    }
+
+
+SUBJECTS[Comparison.__kind__] = SubjectKind(
+    kind=Comparison.__kind__,
+    what="comparison",
+    predicate_type=PREDICATE_TYPE,
+    set_name=_comparison_set,
+    check=_check_result,  # audit verify computes a comparison again as it does a score
+    describe=_describe_comparison,
 )
 
 

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from medomni_cas import porcelain
+from medomni_cas.audit.attest import attestation_lines
 from medomni_cas.audit.diff import render_text as diff_text
 from medomni_cas.audit.provenance import render_text as provenance_text
 from medomni_cas.audit.verify import render_text as verify_text
@@ -55,6 +56,18 @@ _RESULT = "a set name (its latest score), an id, a unique prefix or a ref name"
 def cmd_show(args: argparse.Namespace) -> int:
     """The provenance tree of a result (a summary; ``--runs`` lists every run)."""
     with open_store(args) as store:
+        found = porcelain.find_comparison(store, args.result)
+        if found is not None:
+            from medomni_cas.bench.contrasts import comparison_lines
+
+            cid, record = found
+            signed = porcelain.attestations(store, cid)
+            emit(
+                args,
+                to_builtins({"comparison": cid, **to_builtins(record), "attestations": signed}),
+                comparison_lines(cid, record) + attestation_lines(signed),
+            )
+            return EXIT_OK
         p = porcelain.provenance(store, args.result, runs=args.runs)
     emit(args, to_builtins(p), provenance_text(p))
     return EXIT_OK

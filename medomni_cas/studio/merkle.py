@@ -10,7 +10,7 @@ Scheme
 
 The tree is built level by level, an odd last node going up unchanged, which gives the same
 root and paths as RFC 6962's recursive definition (the tests compare both for every size
-up to 64) at O(n) for the root and every proof.
+up to 40) at O(n) for the root and every proof.
 """
 
 from __future__ import annotations
