@@ -177,10 +177,20 @@ def test_commit_reveal_and_verify_through_the_cli(
     assert report.ok and report.commitment == cid.hex()
     code, out, _ = _run(capsys, "audit", "verify", SET, "--store", url)
     assert code == 0 and f"open answer commitment {cid.hex()[:12]}" in out
-    done = attest(store, flow.result, generate())
+    done_key = generate()
+    done = attest(store, flow.result, done_key)
     pred = json.loads(_payload(done.envelope))
     assert "answer-commitment" in pred["predicate"]["passedTests"]
     assert f"studio/commitments/{SET}" in [c["name"] for c in pred["predicate"]["configuration"]]
+    # a store that got the attestation alone has not the salts: that test is said to be
+    # unchecked, everything else is re-derived
+    from medomni_cas.audit.attest import verify_attestation
+
+    with mc.open(f"lmdb://{tmp_path}/elsewhere") as elsewhere:
+        push(store, elsewhere, [done.ref])
+        assert elsewhere.refs.get(answer_salts_ref(SET)) is None
+        checked = verify_attestation(done.envelope, done_key.public_key(), elsewhere)
+        assert checked.ok and any("answer-commitment: not checked" in m for m in checked.messages)
 
 
 def _payload(envelope: bytes) -> str:

@@ -20,7 +20,7 @@ class Attestation(Record, frozen=True, kw_only=True):
     any DSSE implementation. ``subject`` links what the statement is about (a result, a
     comparison, an answer commitment), so an attestation travels with its subject's
     closure; ``keyid`` and ``predicate_type`` repeat what the envelope says, for listing
-    without parsing it (`medomni_cas.audit.attest` checks they agree)."""
+    without parsing it; a verifier reads the envelope itself."""
 
     __kind__ = "medomni.attestation"
 
