@@ -121,7 +121,7 @@ def run(tmp: Path, n: int, host: str) -> list[Row]:
     from medomni_harbor import images
 
     _tree(tmp, n)
-    images.ensure_perception_image(host)
+    images.ensure_relay_image(host)
     serial = _one(tmp, host, "c1", "no-perception", 1)
     trials = serial["trials"]
     ours = (serial["render"] + serial["collect"] + serial["record"]) / trials
