@@ -1,0 +1,139 @@
+"""Encoder-arm trials with the perception relay, on our docker environment and on Harbor's own
+compose path (its ``docker`` environment through the ``docker compose`` v2 plugin that
+``.ci/docker-engine install`` installs): real Harbor trials in the tests' engine.
+
+A probe agent looks at the agent's container from inside, in both: only ``lo``, no route,
+``http://perception:8899`` answers and encodes (one call, logged for its own trial), a path
+naming another token stays inside the trial's own gateway, and the relay's socket folder is
+not there. No packet leaves this machine: the trials' containers have only ``lo``; the
+forwarder (host network) connects only to the job's gateway on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import medomni_cas as mc
+from medomni_cas.bench.agents import find_agent
+from medomni_cas.bench.harness import run_set
+from medomni_cas.bench.records import RunRecord
+from medomni_cas.studio.tasksets import build_set
+from tests import docker_engine as de
+from tests.docker_engine import Engine
+from tests.test_harbor import REQ, SET, ProbeAgent, _log, _runs, _shard, engine, tree
+
+pytest.importorskip("harbor")
+pytest.importorskip("medomni_harbor")
+
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+from medomni_harbor import images
+from medomni_harbor.runner import HarborRunner
+
+__all__ = ["RelayProbe", "engine", "tree"]  # the fixtures are test_harbor's
+
+PROBE = (
+    "ls /sys/class/net; echo --; tail -n +2 /proc/net/route; echo --; "
+    "timeout 5 wget -q -O - http://perception:8899/health || echo unreachable; echo; echo --; "
+    "timeout 10 wget -q -O - --header 'Content-Type: application/json' "
+    '--post-data \'{"encoder": "table-summary", "family": "labs"}\' '
+    "http://perception:8899/v1/encode >/dev/null && echo encoded || echo not-encoded; echo --; "
+    f"timeout 5 wget -q -O - http://perception:8899/t/{'0' * 32}/v1/encoders "
+    ">/dev/null 2>&1 && echo other-token || echo own-gateway-only; echo --; "
+    "ls /relay >/dev/null 2>&1 && echo socket-visible || echo no-socket"
+)
+
+
+class RelayProbe(ProbeAgent):
+    """test_harbor's probe, with the relay's own checks."""
+
+    async def run(
+        self, instruction: str, environment: BaseEnvironment, context: AgentContext
+    ) -> None:
+        result = await environment.exec(PROBE, timeout_sec=60)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        (self.logs_dir / "probe.txt").write_text(result.stdout or "")
+
+
+def _compose_works(host: str) -> str | None:
+    """Why `docker compose` v2 cannot run here, or None."""
+    if shutil.which("docker") is None:
+        return "no docker client"
+    done = subprocess.run(
+        ["docker", "compose", "version"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "DOCKER_HOST": host},
+    )
+    if done.returncode != 0:
+        return "no docker compose v2 plugin (`bash .ci/docker-engine install` installs it)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def probed(
+    tree: Path, engine: Engine, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[tuple[RunRecord, str]]]:
+    """The encoder arm's probe trials (one shard) on each environment: ``docker`` (ours) and
+    ``harbor-docker`` (Harbor's compose path); their run records."""
+    why = _compose_works(engine.host)
+    if why is not None:
+        if de.required():
+            pytest.fail(why)
+        pytest.skip(why)
+    images.ensure_relay_image(engine.host)
+    root = tmp_path_factory.mktemp("relay")
+    doc = yaml.safe_load((tree / "bench/agents/probe.yaml").read_text())
+    doc["settings"]["harbor_agent"] = "tests.test_harbor_relay:RelayProbe"
+    out: dict[str, list[tuple[RunRecord, str]]] = {}
+    with pytest.MonkeyPatch.context() as mp, mc.open(f"lmdb://{root / 'store'}") as store:
+        mp.setenv("DOCKER_HOST", engine.host)  # Harbor's docker environment runs the CLI
+        build_set(store, SET, studio=tree / "studio", bench=tree / "bench")
+        for env in ("docker", "harbor-docker"):
+            name = f"relay-probe-{env}"
+            (tree / f"bench/agents/{name}.yaml").write_text(yaml.safe_dump({**doc, "agent": name}))
+            runner = HarborRunner(environment=env, docker_host=engine.host, concurrency=2)
+            run_set(
+                store,
+                SET,
+                find_agent(tree / "bench", name),
+                runs_dir=root / env,
+                studio=tree / "studio",
+                runner=runner,
+                arms=[REQ],
+                shard=_shard(store, tree, name, 5, (REQ,)),
+            )
+            out[env] = [(r, _log(store, r, "agent.probe.txt").decode()) for r in _runs(store, name)]
+    left = [
+        c.name
+        for c in engine.client.containers.list(all=True)
+        if c.image.tags and c.image.tags[0].startswith(images.RELAY_REPO)
+    ]
+    assert not left, f"relay containers left behind: {left}"
+    return out
+
+
+@pytest.mark.parametrize("env", ["docker", "harbor-docker"])
+def test_encoder_arm_trials_run_with_the_relay_on_a_closed_network(
+    probed: dict[str, list[tuple[RunRecord, str]]], env: str
+) -> None:
+    runs = [r for r, _ in probed[env]]
+    assert runs
+    for r, text in probed[env]:
+        interfaces, routes, health, encoded, other, socket = text.split("--")
+        assert interfaces.split() == ["lo"], text  # no interface but loopback
+        assert not routes.strip(), text  # and no route at all
+        assert health.strip() == '{"ok":true}', text  # while the perception service answers
+        assert encoded.strip() == "encoded", text
+        assert other.strip() == "own-gateway-only", text
+        assert socket.strip() == "no-socket", text
+        assert r.agent_block.encoder_calls == 1 and r.agent_block.meets_arm
+        assert {e.name for e in r.agent_block.encoders_served} >= {"table-summary"}
+        assert r.outcome == "agent-failed" and "no answer" in r.errors[-1]
+    expected = "container" if env == "docker" else "harbor-container"
+    assert {(r.environment, r.isolation) for r in runs} == {(env, expected)}
