@@ -493,7 +493,9 @@ def test_checks_run_before_anything(
     with pytest.raises(CheckFailed, match="relay's image local/none:1 is not on the engine"):
         _run(store, tree, tmp_path, engine, "baseline", runner=missing)
     elsewhere = HarborRunner(environment="daytona")
-    with pytest.raises(CheckFailed, match="only the docker environment and Harbor's compose-based"):
+    with pytest.raises(
+        CheckFailed, match="only the docker environment, Harbor's compose-based ones"
+    ):
         _run(store, tree, tmp_path, engine, "baseline", runner=elsewhere)
     no_engine = HarborRunner(docker_host="unix:///nonexistent/docker.sock")
     with pytest.raises(CheckFailed, match="no Docker engine answers"):

@@ -76,8 +76,17 @@ def _compose_works(host: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
+def built(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The URL of a store with the set built, shared by this module's tests."""
+    url = f"lmdb://{tmp_path_factory.mktemp('relay-store') / 'store'}"
+    with mc.open(url) as store:
+        build_set(store, SET, studio=tree / "studio", bench=tree / "bench")
+    return url
+
+
+@pytest.fixture(scope="module")
 def probed(
-    tree: Path, engine: Engine, tmp_path_factory: pytest.TempPathFactory
+    tree: Path, engine: Engine, built: str, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, list[tuple[RunRecord, str]]]:
     """The encoder arm's probe trials (one shard) on each environment: ``docker`` (ours) and
     ``harbor-docker`` (Harbor's compose path); their run records."""
@@ -91,9 +100,8 @@ def probed(
     doc = yaml.safe_load((tree / "bench/agents/probe.yaml").read_text())
     doc["settings"]["harbor_agent"] = "tests.test_harbor_relay:RelayProbe"
     out: dict[str, list[tuple[RunRecord, str]]] = {}
-    with pytest.MonkeyPatch.context() as mp, mc.open(f"lmdb://{root / 'store'}") as store:
+    with pytest.MonkeyPatch.context() as mp, mc.open(built) as store:
         mp.setenv("DOCKER_HOST", engine.host)  # Harbor's docker environment runs the CLI
-        build_set(store, SET, studio=tree / "studio", bench=tree / "bench")
         for env in ("docker", "harbor-docker"):
             name = f"relay-probe-{env}"
             (tree / f"bench/agents/{name}.yaml").write_text(yaml.safe_dump({**doc, "agent": name}))
@@ -137,3 +145,64 @@ def test_encoder_arm_trials_run_with_the_relay_on_a_closed_network(
         assert r.outcome == "agent-failed" and "no answer" in r.errors[-1]
     expected = "container" if env == "docker" else "harbor-container"
     assert {(r.environment, r.isolation) for r in runs} == {(env, expected)}
+
+
+def test_tasks_for_compose_and_allowlist_environments(built: str, tmp_path: Path) -> None:
+    """What the compose path and an egress-allowlist environment are given: for compose,
+    the staged files under environment/workspace (the only thing main's image copies) and a
+    compose file closing the network; for an allowlist, the gateway's host alone, and the
+    URL with the trial's token written when the job starts."""
+    import tomllib
+
+    from harbor.models.task.config import TaskConfig
+    from medomni_harbor import compose
+    from medomni_harbor.render import render_task, set_perception_url
+
+    from medomni_cas.bench.agents import load_agent
+    from medomni_cas.bench.runners import Job, TrialSpec
+    from medomni_cas.studio.records import AtomTask, BuildResult, FormatCheck
+    from medomni_cas.studio.tasksets import show_set
+    from tests.test_harbor import ROOT
+
+    with mc.open(built) as store:
+        entry = next(e for e in show_set(store, SET).entries if e.arm == REQ)
+        aid = store.get(entry.result, BuildResult).atoms[0]
+        atom = store.get(aid, AtomTask)
+        check = store.get(atom.format_check, FormatCheck)
+        agent = load_agent(ROOT / "examples/bench/agents/baseline.yaml")
+        job = Job("j", tmp_path, store, agent, store.put(agent), atom.arm, "", "required", 1, 4)
+        spec = TrialSpec(mc.ObjectId(bytes(32)), 1, aid, atom, check)
+        folder = render_task(job, spec, tmp_path / "c", image=images.AGENT_IMAGE, compose=True)
+        env = folder / "environment"
+        assert sorted(p.name for p in env.iterdir()) == [
+            "Dockerfile",
+            "docker-compose.yaml",
+            "workspace",
+        ]
+        assert (env / "workspace/labs.jsonl").is_file()
+        assert "COPY workspace/ /workspace/" in (env / "Dockerfile").read_text()
+        doc = tomllib.loads((folder / "task.toml").read_text())
+        assert doc["environment"]["network_mode"] == "public"  # the compose file closes it
+        assert "docker_image" not in doc["environment"]  # main is built from the Dockerfile
+        assert doc["metadata"]["medomni"]["perception"]["evidence"] == "environment/workspace"
+        assert yaml.safe_load((env / "docker-compose.yaml").read_text()) == compose.closed_main()
+        compose.write_perception(folder, "local/medomni-relay:x", "tok", ("127.0.0.1", 5))
+        services = yaml.safe_load((env / "docker-compose.yaml").read_text())["services"]
+        assert services["main"]["network_mode"] == "service:perception"
+        assert services["perception"]["network_mode"] == "none"
+        assert services["perception"]["command"][-1] == "tok"
+        assert "tok" not in (env / "Dockerfile").read_text()
+
+        hosts = ["gw.example.org"]
+        folder = render_task(job, spec, tmp_path / "a", image=images.AGENT_IMAGE, allowlist=hosts)
+        set_perception_url(folder, "http://gw.example.org:8899/t/tok")
+        text = (folder / "task.toml").read_text()
+        TaskConfig.model_validate_toml(text)  # what Harbor reads
+        env_doc = tomllib.loads(text)["environment"]
+        assert env_doc["network_mode"] == "allowlist" and env_doc["allowed_hosts"] == hosts
+        assert env_doc["env"]["MEDOMNI_PERCEPTION_URL"] == "http://gw.example.org:8899/t/tok"
+
+        remote = HarborRunner(environment="daytona", gateway_url="http://gw.example.org:8899")
+        assert remote.direct and not remote.compose
+        assert not [p for p in remote.check(job) if "perception service" in p]
+        assert [p for p in HarborRunner(environment="daytona").check(job) if "egress" in p]

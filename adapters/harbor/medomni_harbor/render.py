@@ -31,7 +31,14 @@ from medomni_cas.bench.runners import Job, TrialSpec
 from medomni_cas.bench.staging import WORKSPACE, stage_atom
 from medomni_harbor.compose import WORKSPACE_DIR, dockerfile, write_closed
 
-__all__ = ["ANSWER_ARTIFACT", "parse_task_name", "render_task", "task_name", "format_check_script"]
+__all__ = [
+    "ANSWER_ARTIFACT",
+    "format_check_script",
+    "parse_task_name",
+    "render_task",
+    "set_perception_url",
+    "task_name",
+]
 
 #: Where Harbor puts the collected answer, under the trial's ``artifacts/``.
 ANSWER_ARTIFACT = "medomni/answer.json"
@@ -85,7 +92,15 @@ exit 0
 """
 
 
-def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool, compose: bool) -> str:
+def _toml(
+    job: Job,
+    spec: TrialSpec,
+    *,
+    image: str,
+    perception: bool,
+    compose: bool,
+    allowlist: list[str] | None = None,
+) -> str:
     atom, env = spec.atom, spec.atom.environment
     agent_timeout = env.agent_timeout_sec
     if job.agent.limits.time_sec:
@@ -125,6 +140,11 @@ def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool, compose: b
         if not env.internet:
             meta["network"] = "closed by environment/docker-compose.yaml"
         network, environment = "public", {}
+    allowed: dict[str, object] = {}
+    if allowlist is not None and perception and not env.internet:
+        # an egress allowlist: the agent's container reaches the job's gateway and nothing
+        # else; the URL with the trial's token is written when the job starts
+        network, allowed = "allowlist", {"allowed_hosts": list(allowlist)}
     doc = {
         "schema_version": "1.4",
         "artifacts": [{"source": atom.submission_path, "destination": ANSWER_ARTIFACT}],
@@ -137,6 +157,7 @@ def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool, compose: b
             "memory_mb": env.memory_mb,
             "workdir": str(WORKSPACE),
             "network_mode": network,
+            **allowed,
             "build_timeout_sec": 300.0,
             "env": variables,
         },
@@ -164,11 +185,13 @@ def render_task(
     image: str,
     oracle_answer: dict[str, object] | None = None,
     compose: bool = False,
+    allowlist: list[str] | None = None,
 ) -> Path:
     """Write the task folder of ``spec`` under ``root`` (replacing one left by an earlier
     run: rendering is deterministic); its path. ``oracle_answer`` is only ever given for
     Harbor's oracle agent, whose task folders alone hold ``solution/``. ``compose`` renders
-    the layout of Harbor's compose-based environments (the module docstring)."""
+    the layout of Harbor's compose-based environments (the module docstring); ``allowlist``
+    (the gateway's host) makes an arm with the service an egress allowlist of that host."""
     from harbor.models.task.config import TaskConfig
 
     name = task_name(spec)
@@ -184,7 +207,9 @@ def render_task(
             if not spec.atom.environment.internet:
                 write_closed(tmp)  # the job replaces it with the relay's when it attaches one
         (tmp / "instruction.md").write_bytes(job.store.read_blob(spec.atom.instruction))
-        text = _toml(job, spec, image=image, perception=perception, compose=compose)
+        text = _toml(
+            job, spec, image=image, perception=perception, compose=compose, allowlist=allowlist
+        )
         TaskConfig.model_validate_toml(text)  # what Harbor will read must be valid
         (tmp / "task.toml").write_text(text)
         tests = tmp / "tests"
@@ -207,3 +232,14 @@ def render_task(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def set_perception_url(task_dir: Path, url: str) -> None:
+    """The trial's ``MEDOMNI_PERCEPTION_URL`` (the gateway's address and its token), for an
+    egress-allowlist environment, where the agent reaches the job's gateway directly."""
+    import tomllib
+
+    path = task_dir / "task.toml"
+    doc = tomllib.loads(path.read_text())
+    doc["environment"]["env"]["MEDOMNI_PERCEPTION_URL"] = url
+    path.write_text(tomli_w.dumps(doc))

@@ -39,6 +39,10 @@ trials run is a setting of the run, not code:
 ``gateway_host``, ``gateway_port``  where the job's perception gateway listens (default
                   127.0.0.1 and a free port); ``gateway_address`` (``host:port``, numeric) is
                   how a compose trial's forwarder reaches it, when not that (a GKE pod)
+``gateway_url``   for an environment with an egress allowlist (not ours, not compose): the
+                  gateway's URL as the trials' containers reach it (``http://host:port``);
+                  each arm with the service then allows that host alone, and the agent's
+                  ``MEDOMNI_PERCEPTION_URL`` is ``<gateway_url>/t/<token>``
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import blake3
 
@@ -72,7 +77,7 @@ from medomni_cas.studio.records import AnswerKey, BuildResult, SetBuild
 from medomni_cas.studio.refnames import SET_BUILD_REFS
 from medomni_harbor import _docker, compose, images
 from medomni_harbor.gateway import PERCEPTION_DIR, JobGateway
-from medomni_harbor.render import ANSWER_ARTIFACT, render_task, task_name
+from medomni_harbor.render import ANSWER_ARTIFACT, render_task, set_perception_url, task_name
 
 __all__ = ["HarborRunner", "reported_models", "trial_from_result"]
 
@@ -140,6 +145,7 @@ class HarborRunner(Runner):
         gateway_host: str | None = None,
         gateway_port: int | str | None = None,
         gateway_address: str | None = None,
+        gateway_url: str | None = None,
     ) -> None:
         self.environment = str(_option(environment, "environment", "docker"))
         self.concurrency = int(_option(concurrency, "concurrency", 2))
@@ -158,6 +164,7 @@ class HarborRunner(Runner):
         self.gateway_host = str(_option(gateway_host, "gateway_host", "127.0.0.1"))
         self.gateway_port = int(_option(gateway_port, "gateway_port", 0))
         self.gateway_address = _option(gateway_address, "gateway_address", None)
+        self.gateway_url = _option(gateway_url, "gateway_url", None)
         #: seconds spent on our side of each phase, for benchmarks_perf.harbor
         self.timings: dict[str, float] = {"render": 0.0, "collect": 0.0, "harbor": 0.0}
 
@@ -165,6 +172,11 @@ class HarborRunner(Runner):
     @property
     def ours(self) -> bool:
         return self.environment == "docker"
+
+    @property
+    def direct(self) -> bool:
+        """Trials reach the job's gateway at ``gateway_url`` through an egress allowlist."""
+        return not self.ours and not self.compose and bool(self.gateway_url)
 
     def where(self, job: Job | None = None) -> tuple[str, str]:
         """The trials' (environment, isolation), as run records say (`RunRecord.isolation`):
@@ -282,10 +294,11 @@ class HarborRunner(Runner):
 
             if not encoders():
                 problems.append("the perception service has no encoders to serve")
-            if not self.ours and not self.compose:
+            if not self.ours and not self.compose and not self.direct:
                 problems.append(
                     f"arm {job.arm_label} attaches the perception service, which only the "
-                    "docker environment and Harbor's compose-based ones (option compose) run "
+                    "docker environment, Harbor's compose-based ones (option compose) and "
+                    "environments with an egress allowlist (option gateway_url) run "
                     f"(environment is {self.environment!r}); run --arm no-perception there"
                 )
         if self.ours:
@@ -346,6 +359,7 @@ class HarborRunner(Runner):
         tasks.mkdir(parents=True, exist_ok=True)
         answers = _oracle_answers(job) if job.agent.scaffold == "oracle" else {}
         image = self.agent_image(job)
+        allowlist = [str(urlsplit(str(self.gateway_url)).hostname)] if self.direct else None
         for spec in job.trials:
             render_task(
                 job,
@@ -354,6 +368,7 @@ class HarborRunner(Runner):
                 image=image,
                 oracle_answer=answers.get(spec.atom_id),
                 compose=self.compose and not self.ours,
+                allowlist=allowlist,
             )
         if job.agent.scaffold == "replay":
             self._write_replays(job, root / "replay")
@@ -388,15 +403,20 @@ class HarborRunner(Runner):
             # 2. the rest, as one Harbor job, beside the job's perception gateway
             with contextlib.ExitStack() as stack:
                 gw = None
-                if job.encoders != "none" and (self.ours or self.compose):
+                if job.encoders != "none" and (self.ours or self.compose or self.direct):
                     gw = stack.enter_context(self._gateway(root / "tasks"))
                 if gw is not None and self.ours:
                     gw.start_forwarder(self.docker_host, self.relay_image())
-                elif gw is not None:  # each compose task gets its token in its compose file
+                elif gw is not None:  # each task gets its token in its compose file or URL
                     for name in specs:
                         task_dir = root / "tasks" / name
                         token = gw.open(task_dir)
-                        compose.write_perception(task_dir, self.relay_image(), token, gw.address)
+                        if self.direct:
+                            url = f"{str(self.gateway_url).rstrip('/')}{gw.tokens.PREFIX}{token}"
+                            set_perception_url(task_dir, url)
+                        else:
+                            address = gw.address
+                            compose.write_perception(task_dir, self.relay_image(), token, address)
                 yield from self._run_harbor(job, root, specs, gw)
         finally:
             if not self.keep_tasks:
