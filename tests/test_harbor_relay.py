@@ -117,12 +117,18 @@ def probed(
                 shard=_shard(store, tree, name, 5, (REQ,)),
             )
             out[env] = [(r, _log(store, r, "agent.probe.txt").decode()) for r in _runs(store, name)]
-    left = [
+    ours = ("medomni-harbor.trial-dir", "medomni-harbor.tasks")
+    compose_dir = "com.docker.compose.project.working_dir"
+    left = [  # of this module's runs (an engine may be shared with other runs)
         c.name
         for c in engine.client.containers.list(all=True)
-        if c.image.tags and c.image.tags[0].startswith(images.RELAY_REPO)
+        if any(c.labels.get(k, "").startswith(str(root)) for k in (*ours, compose_dir))
     ]
-    assert not left, f"relay containers left behind: {left}"
+    assert not left, f"containers left behind: {left}"
+    volumes = engine.client.volumes.list(filters={"label": "medomni-harbor.tasks"})
+    assert not [
+        v for v in volumes if v.attrs["Labels"]["medomni-harbor.tasks"].startswith(str(root))
+    ]
     return out
 
 

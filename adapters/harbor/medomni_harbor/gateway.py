@@ -198,7 +198,11 @@ class JobGateway:
 
         c = _docker.client(docker_host)
         key = blake3.blake3(f"{self.tasks_root} {self.url}".encode()).hexdigest()[:12]
-        labels = {_docker.LABEL: "gateway", _docker.OWNER_LABEL: _docker.owner()}
+        labels = {
+            _docker.LABEL: "gateway",
+            _docker.OWNER_LABEL: _docker.owner(),
+            "medomni-harbor.tasks": str(self.tasks_root),
+        }
         volume = c.volumes.create(name=f"mdh-gw-{key}", labels=labels)
         self.volume = volume.name
         self._stack.callback(_remove_volume, c, volume)
