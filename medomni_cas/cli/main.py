@@ -26,6 +26,7 @@ GROUPS: tuple[str, ...] = (
     "medomni_cas.cli.audit",
     "medomni_cas.cli.plugins",
     "medomni_cas.cli.view",
+    "medomni_cas.cli.keys",
 )
 
 
