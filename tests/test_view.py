@@ -412,6 +412,21 @@ def test_answer_columns_scored_while_the_viewer_runs_are_hidden() -> None:
         assert hidden.reason(standin, "test.standin") is None
 
 
+def test_the_salts_of_an_answer_commitment_are_hidden_unless_asked() -> None:
+    """The salts open the published commitment's leaves: with them each answer is guessed
+    from its leaf, so they are hidden as the answer keys are."""
+    from medomni_cas.studio.commitments import AnswerSalts, SaltedLeaf
+
+    with mc.open("memory://") as store:
+        standin = store.put_object("test.standin", 1, {})
+        leaf = SaltedLeaf(atom=standin, target="ckd_stage", salt=b"s" * 32, leaf=b"l" * 32)
+        salts = store.put(AnswerSalts(commitment=standin, set_build=standin, leaves=(leaf,)))
+        r = TestClient(make_app(store), base_url=BASE).get(f"/object/{salts.hex()}")
+        assert r.status_code == 403 and salts.hex() in r.text and "salts" in r.text
+        shown = TestClient(make_app(store, show_answer_keys=True), base_url=BASE)
+        assert "ckd_stage" in _text(_ok(shown, f"/object/{salts.hex()}"))
+
+
 # -- errors and refusals -------------------------------------------------------------------
 def test_unknown_ids_and_names_are_404_naming_them(client: TestClient, world: World) -> None:
     zeros = "0" * 64

@@ -8,9 +8,10 @@ page of a 100,000-run job reads one job record and 50 run records, never all of 
 Nothing here writes: the viewer opens its store without creating one and only reads.
 
 Answer keys
-    What an agent must never see is an `AnswerKey` and the truth columns of an arm's
-    `AnswerColumns` (derived from the keys). `Hidden` finds those objects so that the
-    pages can refuse them unless the viewer was started with ``--show-answer-keys``.
+    What an agent must never see is an `AnswerKey`, the truth columns of an arm's
+    `AnswerColumns` (derived from the keys) and the salts of an answer commitment. `Hidden`
+    finds those objects so that the pages can refuse them unless the viewer was started
+    with ``--show-answer-keys``.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ __all__ = [
 #: Rows a page shows unless asked for another number, and the most it shows.
 PAGE = 50
 MAX_LIMIT = 500
-#: Record kinds that are answers: shown only with ``--show-answer-keys``.
-ANSWER_KINDS = frozenset({AnswerKey.__kind__})
+#: Record kinds that are answers, or open them: shown only with ``--show-answer-keys``. The
+#: salts of an answer commitment (`medomni_cas.studio.commitments.AnswerSalts`) are its
+#: secret half: with them a five-class answer is found from its public leaf in five tries.
+ANSWER_KINDS = frozenset({AnswerKey.__kind__, "medomni.answer-salts"})
 #: Columns of an `AnswerColumns` that hold the answers (the others are the key's ids).
 TRUTH_COLUMNS = ("truth_text", "truth_num")
 #: Bytes of a blob shown on a page; the rest is counted.
@@ -233,8 +236,10 @@ class Hidden:
 
     def reason(self, oid: ObjectId, kind: str) -> str | None:
         """Why ``oid`` (of ``kind``) is not shown, or None when it may be."""
-        if kind in ANSWER_KINDS:
+        if kind == AnswerKey.__kind__:
             return "an answer key"
+        if kind in ANSWER_KINDS:
+            return "the secret salts of an answer commitment"
         if kind in (BLOB, CHUNKED) and oid in self.blobs():
             return "an answer column (derived from the answer keys)"
         return None
