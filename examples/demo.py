@@ -10,7 +10,11 @@ the README's commands work from the repository's root with no flags. The demo:
 3. runs the deterministic baseline agent (medomni_cas/bench/baseline.py) with the process
    runner, the perception gateway attached on the encoder arms;
 4. scores the runs, writes ``results/medomni-bench.v1/`` and prints the results table;
-5. prints the audit summary of the result and re-hashes its whole closure.
+5. prints the audit summary of the result and re-hashes its whole closure;
+6. compares the arms on the same patients (encoders - no-perception, encoders-required -
+   encoders, each ladder rung against the one before and against r1: paired bootstrap
+   intervals, McNemar and Wilcoxon tests, Holm-adjusted), writes comparisons.json/.parquet
+   and the forest and ladder plots beside the results, and prints the contrasts.
 
 Running it again resumes: every slot already has a run, so nothing runs again, and the
 result has the same id.
@@ -101,7 +105,22 @@ def _demo(ws: Workspace, store: Store) -> int:
         print(f"  {p.kind}: {p.message}")
     for d in check.derived:
         print(f"  derived: {d}")
-    return 0 if check.ok else 1
+    return _compare(store) if check.ok else 1
+
+
+def _compare(store: Store) -> int:
+    """Step 6: the arms compared on the same patients, the ladder as a curve."""
+    from medomni_cas import porcelain
+    from medomni_cas.bench.contrasts import comparison_lines
+
+    folder = WORKSPACE / "results" / SET.replace("/", ".")
+    report = porcelain.compare(store, SET, n_boot=1000, out=folder)
+    print()
+    print("\n".join(comparison_lines(report.comparison, report.compared.record)))
+    plots = [p for p in report.files if p.suffix in (".png", ".svg")]
+    _say("compare", f"{report.comparison.hex()} -> {report.files[0]}")
+    _say("plots", ", ".join(str(p) for p in plots))
+    return 0
 
 
 if __name__ == "__main__":

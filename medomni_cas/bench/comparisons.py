@@ -17,14 +17,7 @@ from __future__ import annotations
 from medomni_cas.store.encoding import Part, Record
 from medomni_cas.store.ids import ObjectId
 
-__all__ = ["COMPARISON_REFS", "Comparison", "ContrastRow", "comparison_ref"]
-
-#: ``comparisons/<benchmark>/<set>``: the latest comparison of a set (`comparison_ref`).
-COMPARISON_REFS = "comparisons/"
-
-
-def comparison_ref(set_name: str) -> str:
-    return COMPARISON_REFS + set_name
+__all__ = ["Comparison", "ContrastRow"]
 
 
 class ContrastRow(Part, frozen=True, kw_only=True):
