@@ -86,6 +86,7 @@ __all__ = [
     "export",
     "find_comparison",
     "format_value",
+    "open_remote",
     "provenance",
     "pull",
     "push",
@@ -658,9 +659,12 @@ def export(store: Store, result: str | ObjectId, *, max_items: int = 10_000) -> 
 Remote = str | Store | None
 
 
-def _remote(
-    remote: Remote, workspace: Workspace | str | Path | None, **options: bool
+def open_remote(
+    remote: Remote, workspace: Workspace | str | Path | None = ".", **options: bool
 ) -> AbstractContextManager[Store]:
+    """The store ``remote`` names (see `Remote`); an open `Store` given is not closed here.
+
+    ``options`` go to `medomni_cas.workspace.open_store` (``create=False`` for a source)."""
     if isinstance(remote, Store):
         return nullcontext(remote)  # the caller's: not closed here
     if remote is not None and "://" in remote:
@@ -688,7 +692,7 @@ def push(
 
     ``single_writer`` opens the remote allowing ref updates without conditional writes;
     ``force`` and ``message``: see `medomni_cas.store.sync.transfer`."""
-    with _remote(remote, workspace, single_writer=single_writer) as dst:
+    with open_remote(remote, workspace, single_writer=single_writer) as dst:
         return sync.push(store, dst, refs, force=force, message=message, progress=progress)
 
 
@@ -706,5 +710,5 @@ def pull(
 
     The remote must exist: pulling from a mistyped local path is an error, not an empty
     store."""
-    with _remote(remote, workspace, create=False) as src:
+    with open_remote(remote, workspace, create=False) as src:
         return sync.pull(store, src, refs, force=force, message=message, progress=progress)
