@@ -176,8 +176,18 @@ def _command(argv: Sequence[str]) -> str:
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks_perf compare")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--jobs", type=int, help="jobs (default 100; a multiple of 5 arms)")
+    parser.add_argument("--rows-per-job", type=int, help="rows a job (default 100,000)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
+    if args.jobs or args.rows_per_job:
+        sizes = Sizes(
+            score_jobs=args.jobs or sizes.score_jobs,
+            rows_per_job=args.rows_per_job or sizes.rows_per_job,
+            python_jobs=0,
+            repeats=sizes.repeats,
+            n_boot=sizes.n_boot,
+        )
     print(f"$ {_command(argv)}")
     print(
         f"machine: nproc={os.cpu_count()}, load {os.getloadavg()[0]:.1f}, "

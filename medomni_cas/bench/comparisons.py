@@ -14,10 +14,12 @@ paired test, and how many patients were left out and why.
 
 from __future__ import annotations
 
+from medomni_cas.bench.refnames import COMPARISON_REFS, comparison_ref
 from medomni_cas.store.encoding import Part, Record
 from medomni_cas.store.ids import ObjectId
 
-__all__ = ["Comparison", "ContrastRow"]
+# the ref names live in `medomni_cas.bench.refnames`; kept here too, where they were first
+__all__ = ["COMPARISON_REFS", "Comparison", "ContrastRow", "comparison_ref"]
 
 
 class ContrastRow(Part, frozen=True, kw_only=True):
