@@ -11,7 +11,10 @@ the README's commands work from the repository's root with no flags. The demo:
    runner, the perception gateway attached on the encoder arms;
 4. scores the runs, writes ``results/medomni-bench.v1/`` and prints the results table;
 5. prints the audit summary of the result and re-hashes its whole closure;
-6. compares the arms on the same patients (encoders - no-perception, encoders-required -
+6. attests the result with a throw-away Ed25519 key (an in-toto statement in a DSSE
+   envelope, ``results/medomni-bench.v1/result.intoto.json``) and verifies the attestation
+   against the store;
+7. compares the arms on the same patients (encoders - no-perception, encoders-required -
    encoders, each ladder rung against the one before and against r1: paired bootstrap
    intervals, McNemar and Wilcoxon tests, Holm-adjusted), writes comparisons.json/.parquet
    and the forest and ladder plots beside the results, and prints the contrasts.
@@ -36,6 +39,8 @@ from medomni_cas.studio.tasksets import build_set
 from medomni_cas.workspace import Workspace
 
 if TYPE_CHECKING:
+    from medomni_cas.audit.verify import VerifyReport
+    from medomni_cas.store.ids import ObjectId
     from medomni_cas.store.store import Store
 
 #: The example workspace: the repository's root, whatever the current directory.
@@ -105,11 +110,33 @@ def _demo(ws: Workspace, store: Store) -> int:
         print(f"  {p.kind}: {p.message}")
     for d in check.derived:
         print(f"  derived: {d}")
-    return _compare(store) if check.ok else 1
+    signed = _attest(store, scored.result, check, files[0].parent)
+    if not (check.ok and signed):
+        return 1
+    return _compare(store)
+
+
+def _attest(store: Store, result: ObjectId, check: VerifyReport, folder: Path) -> bool:
+    """Sign the result's in-toto statement with a throw-away key, then verify the
+    envelope against the store (`medomni audit attest` / `verify-attestation`)."""
+    from medomni_cas.audit.attest import attest, verify_attestation
+    from medomni_cas.audit.keys import generate
+    from medomni_cas.audit.statement import result_check
+
+    key = generate()  # throw-away: a real signer keeps one (medomni keygen -o PATH)
+    path = folder / "result.intoto.json"
+    done = attest(store, result, key, output=path, check=lambda *_: result_check(check))
+    report = verify_attestation(done.envelope, key.public_key(), store)
+    verdict = "ok" if report.ok else "PROBLEMS"
+    _say("attest", f"{done.check.result}, keyid {done.keyid[:16]}…: {path}")
+    _say("attest", f"verify-attestation {verdict}: signature, subject and statement re-derived")
+    for p in report.problems:
+        print(f"  {p.message}")
+    return report.ok
 
 
 def _compare(store: Store) -> int:
-    """Step 6: the arms compared on the same patients, the ladder as a curve."""
+    """Step 7: the arms compared on the same patients, the ladder as a curve."""
     from medomni_cas import porcelain
     from medomni_cas.bench.contrasts import comparison_lines
 
