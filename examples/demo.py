@@ -13,7 +13,11 @@ the README's commands work from the repository's root with no flags. The demo:
 5. prints the audit summary of the result and re-hashes its whole closure;
 6. attests the result with a throw-away Ed25519 key (an in-toto statement in a DSSE
    envelope, ``results/medomni-bench.v1/result.intoto.json``) and verifies the attestation
-   against the store.
+   against the store;
+7. compares the arms on the same patients (encoders - no-perception, encoders-required -
+   encoders, each ladder rung against the one before and against r1: paired bootstrap
+   intervals, McNemar and Wilcoxon tests, Holm-adjusted), writes comparisons.json/.parquet
+   and the forest and ladder plots beside the results, and prints the contrasts.
 
 Running it again resumes: every slot already has a run, so nothing runs again, and the
 result has the same id.
@@ -107,7 +111,9 @@ def _demo(ws: Workspace, store: Store) -> int:
     for d in check.derived:
         print(f"  derived: {d}")
     signed = _attest(store, scored.result, check, files[0].parent)
-    return 0 if check.ok and signed else 1
+    if not (check.ok and signed):
+        return 1
+    return _compare(store)
 
 
 def _attest(store: Store, result: ObjectId, check: VerifyReport, folder: Path) -> bool:
@@ -127,6 +133,21 @@ def _attest(store: Store, result: ObjectId, check: VerifyReport, folder: Path) -
     for p in report.problems:
         print(f"  {p.message}")
     return report.ok
+
+
+def _compare(store: Store) -> int:
+    """Step 7: the arms compared on the same patients, the ladder as a curve."""
+    from medomni_cas import porcelain
+    from medomni_cas.bench.contrasts import comparison_lines
+
+    folder = WORKSPACE / "results" / SET.replace("/", ".")
+    report = porcelain.compare(store, SET, n_boot=1000, out=folder)
+    print()
+    print("\n".join(comparison_lines(report.comparison, report.compared.record)))
+    plots = [p for p in report.files if p.suffix in (".png", ".svg")]
+    _say("compare", f"{report.comparison.hex()} -> {report.files[0]}")
+    _say("plots", ", ".join(str(p) for p in plots))
+    return 0
 
 
 if __name__ == "__main__":

@@ -444,11 +444,14 @@ def score(
     out: str | Path | None = None,
     allow_partial: bool = False,
     arms: Sequence[str] | None = None,
+    plots: bool = False,
 ) -> ScoreReport:
     """Score the recorded jobs of the set, optionally of some agents only (`score_jobs`),
     move ``results/<set>`` to the result and write results.json/.parquet into ``out``.
 
-    Only the jobs of the arm labels ``arms`` when given. Raises `PartialScore` (nothing
+    With ``plots``, also the per-class confusion of each class target (PNG and SVG,
+    matplotlib: the ``compare`` extra) into ``out``. Only the jobs of the arm labels
+    ``arms`` when given. Raises `PartialScore` (nothing
     written) when a slot of the set (under those arms) has no final run for an agent scored,
     unless ``allow_partial``: then the result and its rows say partial."""
     view = show_set(store, set_name)
@@ -482,7 +485,16 @@ def score(
         arms=tuple(arms or ()),
     )
     files = write_results(scored, Path(out)) if out is not None else ()
+    if out is not None and plots:
+        files = (*files, *_confusion_plots(store, jobs, Path(out)))
     return ScoreReport(scored, tuple(files))
+
+
+def _confusion_plots(store: Store, jobs: Sequence[ObjectId], folder: Path) -> list[Path]:
+    from medomni_cas.bench.confusion import confusion_tables
+    from medomni_cas.bench.plots import confusion_plots
+
+    return confusion_plots(confusion_tables(store, jobs), folder)
 
 
 @dataclass(frozen=True)
@@ -511,7 +523,7 @@ def compare(
     """Paired contrasts between arms of the set's recorded jobs (`compare_jobs`): ``arms``
     (two arm labels, A then B: A - B) or the defaults, for ``agents`` or every agent; move
     ``comparisons/<set>`` to it and write comparisons.json/.parquet (and, with ``plots``,
-    the forest and ladder plots) into ``out``."""
+    the forest, ladder and confusion plots) into ``out``."""
     view = show_set(store, set_name)
     if arms is not None and len(arms) != 2:
         raise CompareError(f"--arms takes two arm labels, A and B (A - B); got {list(arms)}")
@@ -532,6 +544,7 @@ def compare(
             from medomni_cas.bench.plots import comparison_plots
 
             files += tuple(comparison_plots(compared.record.rows, Path(out)))
+            files += tuple(_confusion_plots(store, compared.record.jobs, Path(out)))
     return CompareReport(compared, files)
 
 

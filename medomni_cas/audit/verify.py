@@ -26,7 +26,9 @@ What is checked
     ``medomni audit verify`` does), a sound closure's answer columns are made again from
     its answer keys (`medomni_cas.audit.derived`), and its score is computed again from its
     jobs and compared row by row, field by field, with its links to jobs, task set and set
-    build checked (`medomni_cas.audit.rederive`).
+    build checked (`medomni_cas.audit.rederive`). A `Comparison` (``medomni bench
+    compare``) is verified the same way: its closure re-hashed, its answer columns made
+    again, its contrasts computed again from its jobs (`medomni_cas.audit.recompare`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@
 
 ``<result>`` is a set name such as ``medomni-bench/v1`` (its latest score), an id, a
 unique prefix of 8+ hex characters, or a ref name such as ``results/medomni-bench/v1``
-(what ``medomni bench score`` writes).
+(what ``medomni bench score`` writes). ``show`` and ``verify`` also take a comparison
+(``comparisons/medomni-bench/v1``, what ``medomni bench compare`` writes, or its id):
+``show`` prints its contrasts, ``verify`` computes them again from its jobs.
 """
 
 from __future__ import annotations
