@@ -13,6 +13,8 @@ SUITES = {
     "bench": "benchmarks_perf.bench",
     "harbor": "benchmarks_perf.harbor",
     "llm": "benchmarks_perf.llm",
+    "compare": "benchmarks_perf.compare",
+    "view": "benchmarks_perf.view",
 }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,8 +99,15 @@ def _put_linking_ids(store: mc.Store, record: mc.Record) -> ObjectId:
     return store.put_raw(encode(record))
 
 
-def _set_build(store: mc.Store, sizes: ScoreSizes, rng: np.random.Generator) -> ObjectId:
-    """Four pairs (contents and answer keys shared by the arms) under five arms."""
+def _set_build(
+    store: mc.Store,
+    sizes: ScoreSizes,
+    rng: np.random.Generator,
+    atom: Callable[[mc.Store, str, str, str], ObjectId] | None = None,
+) -> ObjectId:
+    """Four pairs (contents and answer keys shared by the arms) under five arms. ``atom``
+    makes each (store, pair, arm, patient)'s atom (the comparer reads them); else atoms
+    are ids."""
     per_pair = sizes.rows_per_job // PAIRS
     entries = []
     shared = []
@@ -154,7 +162,10 @@ def _set_build(store: mc.Store, sizes: ScoreSizes, rng: np.random.Generator) -> 
                 config=config,
                 content=content,
                 answer_key=key,
-                atoms=tuple(_id(rng) for _ in range(per_pair)),
+                atoms=tuple(
+                    _id(rng) if atom is None else atom(store, pair, arm, pt)
+                    for pt in store.get(content, Content).patients
+                ),
             )
             entries.append(
                 SetEntry(
@@ -170,11 +181,14 @@ def _set_build(store: mc.Store, sizes: ScoreSizes, rng: np.random.Generator) -> 
     return store.put(SetBuild(task_set=task_set, entries=tuple(entries)))
 
 
-def build_scoring(path: Path, sizes: ScoreSizes) -> ScoreSet:
-    """The set build and ``score_jobs`` jobs of predictions, in the harness's layout."""
+def build_scoring(
+    path: Path, sizes: ScoreSizes, atom: Callable[[mc.Store, str, str, str], ObjectId] | None = None
+) -> ScoreSet:
+    """The set build and ``score_jobs`` jobs of predictions, in the harness's layout
+    (``atom``: see `_set_build`)."""
     store = mc.Store(LMDBBackend(path, durable=False))
     rng = np.random.default_rng(2)
-    sb = _set_build(store, sizes, rng)
+    sb = _set_build(store, sizes, rng, atom)
     record = store.get(sb, SetBuild)
     agents = [
         store.put(

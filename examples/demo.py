@@ -10,7 +10,14 @@ the README's commands work from the repository's root with no flags. The demo:
 3. runs the deterministic baseline agent (medomni_cas/bench/baseline.py) with the process
    runner, the perception gateway attached on the encoder arms;
 4. scores the runs, writes ``results/medomni-bench.v2/`` and prints the results table;
-5. prints the audit summary of the result and re-hashes its whole closure.
+5. prints the audit summary of the result and re-hashes its whole closure;
+6. attests the result with a throw-away Ed25519 key (an in-toto statement in a DSSE
+   envelope, ``results/medomni-bench.v2/result.intoto.json``) and verifies the attestation
+   against the store;
+7. compares the arms on the same patients (encoders - no-perception, encoders-required -
+   encoders, each ladder rung against the one before and against r1: paired bootstrap
+   intervals, McNemar and Wilcoxon tests, Holm-adjusted), writes comparisons.json/.parquet
+   and the forest and ladder plots beside the results, and prints the contrasts.
 
 Running it again resumes: every slot already has a run, so nothing runs again, and the
 result has the same id.
@@ -32,6 +39,8 @@ from medomni_cas.studio.tasksets import build_set
 from medomni_cas.workspace import Workspace
 
 if TYPE_CHECKING:
+    from medomni_cas.audit.verify import VerifyReport
+    from medomni_cas.store.ids import ObjectId
     from medomni_cas.store.store import Store
 
 #: The example workspace: the repository's root, whatever the current directory.
@@ -101,7 +110,44 @@ def _demo(ws: Workspace, store: Store) -> int:
         print(f"  {p.kind}: {p.message}")
     for d in check.derived:
         print(f"  derived: {d}")
-    return 0 if check.ok else 1
+    signed = _attest(store, scored.result, check, files[0].parent)
+    if not (check.ok and signed):
+        return 1
+    return _compare(store)
+
+
+def _attest(store: Store, result: ObjectId, check: VerifyReport, folder: Path) -> bool:
+    """Sign the result's in-toto statement with a throw-away key, then verify the
+    envelope against the store (`medomni audit attest` / `verify-attestation`)."""
+    from medomni_cas.audit.attest import attest, verify_attestation
+    from medomni_cas.audit.keys import generate
+    from medomni_cas.audit.statement import result_check
+
+    key = generate()  # throw-away: a real signer keeps one (medomni keygen -o PATH)
+    path = folder / "result.intoto.json"
+    done = attest(store, result, key, output=path, check=lambda *_: result_check(check))
+    report = verify_attestation(done.envelope, key.public_key(), store)
+    verdict = "ok" if report.ok else "PROBLEMS"
+    _say("attest", f"{done.check.result}, keyid {done.keyid[:16]}…: {path}")
+    _say("attest", f"verify-attestation {verdict}: signature, subject and statement re-derived")
+    for p in report.problems:
+        print(f"  {p.message}")
+    return report.ok
+
+
+def _compare(store: Store) -> int:
+    """Step 7: the arms compared on the same patients, the ladder as a curve."""
+    from medomni_cas import porcelain
+    from medomni_cas.bench.contrasts import comparison_lines
+
+    folder = WORKSPACE / "results" / SET.replace("/", ".")
+    report = porcelain.compare(store, SET, n_boot=1000, out=folder)
+    print()
+    print("\n".join(comparison_lines(report.comparison, report.compared.record)))
+    plots = [p for p in report.files if p.suffix in (".png", ".svg")]
+    _say("compare", f"{report.comparison.hex()} -> {report.files[0]}")
+    _say("plots", ", ".join(str(p) for p in plots))
+    return 0
 
 
 if __name__ == "__main__":

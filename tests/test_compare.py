@@ -26,7 +26,8 @@ import pytest
 import scipy.stats  # type: ignore[import-untyped]
 
 import medomni_cas as mc
-from medomni_cas.bench.comparisons import Comparison, comparison_ref
+from medomni_cas.bench.comparisons import Comparison
+from medomni_cas.bench.confusion import confusion_tables
 from medomni_cas.bench.contrasts import (
     CompareError,
     Contrast,
@@ -36,6 +37,7 @@ from medomni_cas.bench.contrasts import (
 )
 from medomni_cas.bench.paired_stats import holm
 from medomni_cas.bench.records import JobRecord, PredictionRecord, RunRecord
+from medomni_cas.bench.refnames import comparison_ref
 from medomni_cas.bench.scorer import jobs_of, score_jobs
 from medomni_cas.cli import main
 from medomni_cas.store.ids import ObjectId
@@ -155,7 +157,7 @@ def _expected(sides: dict[tuple[str, str, str], Side], facts: dict[str, Any], ro
     value_b = metric([r for p in patients for r in b[p]])
     # the bootstrap: resample patients (the same resample for both arms), every repetition
     rng = np.random.default_rng(0)
-    idx = rng.integers(0, len(patients), size=(N_BOOT, len(patients)), dtype=np.intp)
+    idx = rng.integers(0, len(patients), size=(N_BOOT, len(patients)), dtype=np.uint32)
     diffs = []
     for draw in idx:
         ra = [r for i in draw for r in a[patients[i]]]
@@ -283,6 +285,7 @@ def test_jobs_of_two_task_sets_are_refused(world: World, store: mc.Store) -> Non
 
 def test_the_results_files_and_plots(world: World) -> None:
     files = {Path(f).name for f in world.data["files"]}
+    confusion = "confusion--baseline--synth-ehr_ckd-staging_n20--ckd_stage"
     assert files == {
         "comparisons.json",
         "comparisons.parquet",
@@ -290,6 +293,8 @@ def test_the_results_files_and_plots(world: World) -> None:
         "forest.svg",
         "ladder.png",
         "ladder.svg",
+        f"{confusion}.png",
+        f"{confusion}.svg",
     }
     doc = json.loads((world.out / "comparisons.json").read_text())
     assert doc["comparison"] == world.data["comparison"] and doc["rows"] == world.data["rows"]
@@ -297,7 +302,7 @@ def test_the_results_files_and_plots(world: World) -> None:
     assert table.num_rows == len(doc["rows"])
     meta = table.schema.metadata
     assert meta[b"medomni.comparison"].decode() == doc["comparison"]
-    for name in ("forest", "ladder"):
+    for name in ("forest", "ladder", confusion):
         assert (world.out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         root = ET.parse(world.out / f"{name}.svg").getroot()
         assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -388,3 +393,33 @@ def test_cli_exit_codes(capsys: pytest.CaptureFixture[str], world: World, tmp_pa
     out = capsys.readouterr()[0]
     assert "encoders - no-perception" in out and "ladder" not in out
     assert not (tmp_path / "forest.png").exists()
+
+
+def test_confusion_tables(world: World, store: mc.Store) -> None:
+    """Each arm's confusion of the class target, pooled over repetitions, is the count of
+    (truth, answer) over its prediction records."""
+    sides, _ = _sides(store)
+    jobs = jobs_of(store, show_set(store, SET).task_set)
+    tables = {(t.arm, t.pair): t for t in confusion_tables(store, jobs)}
+    assert len(tables) == 8  # two arms and six rungs, one class target
+    for (label, pair, target), side in sides.items():
+        if target != "ckd_stage":
+            continue
+        t = tables[(label, pair)]
+        want = np.zeros((len(t.classes), len(t.classes) + 1), dtype=int)
+        for rows in side.rows.values():
+            for answer, truth in rows:
+                col = len(t.classes) if answer is None else t.classes.index(str(answer))
+                want[t.classes.index(str(truth)), col] += 1
+        assert t.matrix == want.tolist(), (label, pair)
+
+
+def test_score_writes_confusion_plots_when_asked(
+    capsys: pytest.CaptureFixture[str], world: World, tmp_path: Path
+) -> None:
+    args = ["bench", "score", SET, "--store", world.url, "--out", str(tmp_path), "--n-boot", "0"]
+    assert main([*args, "--arm", "no-perception", "--arm", "encoders", "--plots"]) == 0
+    made = {p.name for p in tmp_path.iterdir()}
+    stem = "confusion--baseline--synth-ehr_ckd-staging_n20--ckd_stage"
+    assert made == {"results.json", "results.parquet", f"{stem}.png", f"{stem}.svg"}
+    assert f"{stem}.png" in capsys.readouterr()[0]

@@ -390,6 +390,8 @@ def test_example_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert "ResultView" in text and "macro_f1" in text and "hba1c_next" in text
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     assert "medomni.result" in html and "<code title=" in html  # the provenance peek
+    # the arms compared: the contrasts' table and the forest plot inline (issue 16)
+    assert "ComparisonView" in html and "encoders - no-perception" in html and "<svg" in html
     # build and run show their bars as widgets, not as text written to stderr
     widgets = [
         o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})

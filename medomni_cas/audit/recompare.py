@@ -74,7 +74,13 @@ def check_comparison(store: Store, cid: ObjectId, record: Comparison | None = No
     _check_table(store, c, problem)
     try:
         d = derive_comparison(
-            store, c.jobs, contrasts=c.asked, agents=c.agents, n_boot=c.n_boot, seed=c.seed
+            store,
+            c.jobs,
+            contrasts=c.asked,
+            agents=c.agents,
+            n_boot=c.n_boot,
+            seed=c.seed,
+            cached=False,  # the atoms themselves, not the evidence ids kept from them
         )
     except MedomniError as e:
         problem("rows", f"contrasts cannot be computed again from the jobs: {e}")

@@ -14,17 +14,12 @@ paired test, and how many patients were left out and why.
 
 from __future__ import annotations
 
+from medomni_cas.bench.refnames import COMPARISON_REFS, comparison_ref
 from medomni_cas.store.encoding import Part, Record
 from medomni_cas.store.ids import ObjectId
 
+# the ref names live in `medomni_cas.bench.refnames`; kept here too, where they were first
 __all__ = ["COMPARISON_REFS", "Comparison", "ContrastRow", "comparison_ref"]
-
-#: ``comparisons/<benchmark>/<set>``: the latest comparison of a set (`comparison_ref`).
-COMPARISON_REFS = "comparisons/"
-
-
-def comparison_ref(set_name: str) -> str:
-    return COMPARISON_REFS + set_name
 
 
 class ContrastRow(Part, frozen=True, kw_only=True):

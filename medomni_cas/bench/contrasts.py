@@ -5,14 +5,15 @@ under ``a`` minus under ``b`` on the same patients, with a paired bootstrap inte
 paired test (`medomni_cas.bench.paired_stats`), stored as a `Comparison`.
 
 Pairing is proved, not assumed
-    A patient is paired only when both arms hold them and, for two arms of the same
-    patients (``kind`` "arms"), their atom tasks' evidence trees are the same object, or,
-    for two rungs of the ladder (``kind`` "ladder", where each rung stages other families,
-    so evidence differs by design), the atoms' builds share the content (the ladder
-    cohort); and the answer key gives both the same answer. Every other patient is left
-    out and counted by reason (``excluded_why``). Jobs of different task sets are never
-    compared (`CompareError`, naming both); a contrast whose runs were built under a config
-    hash other than their arm's is flagged (``config_flag``).
+    A patient is paired only when both arms hold them with a final run in every
+    repetition and, for two arms of the same patients (``kind`` "arms"), their atom tasks'
+    evidence trees are the same object, or, for two rungs of the ladder (``kind``
+    "ladder", where each rung stages other families, so evidence differs by design), the
+    atoms' builds share the content (the ladder cohort and its patients); and the answer
+    key gives both the same answer. Every other patient is left out and counted by reason
+    (``excluded_why``). Jobs of different task sets are never compared (`CompareError`,
+    naming both); a contrast whose runs were built under a config hash other than their
+    arm's is flagged (``config_flag``). Paired patients are in cohort order.
 
 Repetitions
     A patient's repetitions (one job each) are pooled: the metric is over every row of the
@@ -20,8 +21,16 @@ Repetitions
 
 Defaults
     encoders - no-perception, encoders-required - encoders, each ladder rung against the
-    one before (r2 - r1 … r6 - r5) and each later one against r1, among the arms the jobs
+    one before (r2 - r1 ... r6 - r5) and each later one against r1, among the arms the jobs
     hold (`default_contrasts`).
+
+Speed
+    Everything is numpy over the jobs' Arrow columns, lined up by patient code: no Python
+    loop per row. The atoms' evidence ids are read once per build and kept as a blob
+    (``scores/evidence/<build>``, as the scorer keeps answer columns); ``audit verify``
+    reads the atoms again instead. Every side (agent, arm, pair, target) is summed per
+    patient once, whichever contrasts use it, and all contrasts of the same number of
+    patients share one set of resamples and one matrix product.
 """
 
 from __future__ import annotations
@@ -37,8 +46,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from medomni_cas.bench.columns import Truths, arm_rows
-from medomni_cas.bench.comparisons import Comparison, ContrastRow, comparison_ref
+from medomni_cas.bench.columns import ArmRows, Truths, arm_rows
+from medomni_cas.bench.comparisons import Comparison, ContrastRow
 from medomni_cas.bench.metrics import METRICS
 from medomni_cas.bench.paired_stats import (
     holm,
@@ -48,6 +57,7 @@ from medomni_cas.bench.paired_stats import (
     wilcoxon,
 )
 from medomni_cas.bench.records import AgentConfig, JobRecord
+from medomni_cas.bench.refnames import comparison_ref, evidence_ref
 from medomni_cas.bench.scorer import _Answers, _answers, _predictions
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
@@ -58,6 +68,7 @@ from medomni_cas.studio.records import AtomTask, BuildConfig, Content, SetBuild
 from medomni_cas.studio.schema import LADDER_ARM
 
 __all__ = [
+    "ALPHA",
     "COMPARER",
     "COMPARER_VERSION",
     "CONTRAST_SCHEMA",
@@ -124,12 +135,11 @@ def default_contrasts(labels: Sequence[str]) -> list[Contrast]:
 
 # -- what is read --------------------------------------------------------------------------
 class _AtomView(encoding.View):
-    """What pairing needs of an atom task: its patient and evidence tree."""
+    """What pairing needs of an atom task: its evidence tree."""
 
     __kind__ = AtomTask.__kind__
     __version__ = AtomTask.__version__
 
-    patient: str
     evidence: ObjectId
 
 
@@ -140,11 +150,17 @@ class _PatientsView(encoding.View):
     patients: tuple[str, ...]
 
 
+def _ids(data: bytes) -> np.ndarray:
+    """32-byte ids (concatenated) as rows of four uint64, compared with ``(x == y).all(1)``."""
+    return np.frombuffer(data, dtype=np.uint64).reshape(-1, 4)
+
+
 @dataclass
 class _Group:
     """One job's rows of one (pair, target), in its arm's key order (cohort order)."""
 
-    patients: tuple[str, ...]
+    codes: np.ndarray  # each row's patient, as its code in the pair's `_Universe`
+    build: ObjectId  # the `BuildResult` whose atoms the rows are
     atoms: bytes
     content: ObjectId
     config: ObjectId
@@ -152,9 +168,30 @@ class _Group:
     numeric: bool
     truth: pa.Array
     pred: pa.Array
+    ran: np.ndarray  # whether each row's slot has a final run
     run_configs: frozenset[str]
     families: tuple[str, ...]
-    ran: list[bool]  # whether each row's slot has a final run
+    # each row's label code in the key's vocabulary (class targets), or its number
+    truth_values: np.ndarray | None = None
+    pred_values: np.ndarray | None = None
+
+
+@dataclass
+class _Universe:
+    """A pair's patients, coded in cohort order (the first content's, then any other's)."""
+
+    code: dict[str, int] = field(default_factory=dict)
+    by_content: dict[ObjectId, np.ndarray] = field(default_factory=dict)
+
+    def codes(self, content: ObjectId, patients: tuple[str, ...]) -> np.ndarray:
+        got = self.by_content.get(content)
+        if got is None:
+            code = self.code
+            got = np.fromiter(
+                (code.setdefault(p, len(code)) for p in patients), np.intp, len(patients)
+            )
+            self.by_content[content] = got
+        return got
 
 
 @dataclass
@@ -168,15 +205,19 @@ class _Side:
 
 
 class _Reader:
-    """Reads jobs' columns, answer columns, keys and atoms, each once."""
+    """Reads jobs' columns, answer columns, keys and atoms, each once. ``cached``: use and
+    keep the atoms' evidence ids under ``scores/evidence/<build>``; else read every atom."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, cached: bool) -> None:
         self.store = store
+        self.cached = cached
         self.truths: Truths = {}
         self.answers: dict[tuple[ObjectId, str, str], _Answers] = {}
         self.patients: dict[ObjectId, tuple[str, ...]] = {}
-        self.evidence: dict[bytes, ObjectId] = {}
+        self.evidence: dict[ObjectId, np.ndarray] = {}
         self.families: dict[ObjectId, tuple[str, ...]] = {}
+        self.universes: dict[str, _Universe] = {}
+        self.keys: dict[tuple[ObjectId, str, str], ArmRows] = {}
 
     def arm_answers(self, build: ObjectId, arm: str, variant: str) -> _Answers:
         k = (build, arm, variant)
@@ -196,21 +237,38 @@ class _Reader:
             self.families[config] = tuple(str(f) for f in defn.get("families", ()))
         return self.families[config]
 
-    def atom_evidence(self, atoms: bytes) -> list[ObjectId]:
-        """The evidence tree of each atom of ``atoms`` (32-byte ids concatenated)."""
-        ids = [atoms[i : i + 32] for i in range(0, len(atoms), 32)]
-        want = [ObjectId(a) for a in dict.fromkeys(ids) if a not in self.evidence]
-        for oid, raw in self.store.get_raw_many(want):
-            try:
-                self.evidence[bytes(oid)] = encoding.decode_view(raw, _AtomView).evidence
-            except InvalidObject as e:
-                raise InvalidObject(f"atom task {oid}: {e}") from None
-        return [self.evidence[a] for a in ids]
+    def build_evidence(self, build: ObjectId, atoms: bytes) -> np.ndarray:
+        """``[atoms, 4]``: the evidence tree id of each atom of ``build``, as `_ids`."""
+        got = self.evidence.get(build)
+        if got is not None:
+            return got
+        ref = evidence_ref(build)
+        kept = self.store.refs.get(ref) if self.cached else None
+        data = self.store.read_blob(kept) if kept is not None else b""
+        if len(data) != len(atoms):  # none kept (or not what the atoms need): read them
+            ids = [ObjectId(atoms[i : i + 32]) for i in range(0, len(atoms), 32)]
+            found = {}
+            for oid, raw in self.store.get_raw_many(dict.fromkeys(ids)):
+                try:
+                    found[oid] = encoding.decode_view(raw, _AtomView).evidence
+                except InvalidObject as e:
+                    raise InvalidObject(f"atom task {oid}: {e}") from None
+            data = b"".join(found[a] for a in ids)
+            if self.cached:
+                blob = self.store.put_blob(data)
+                if kept != blob:
+                    self.store.refs.update(ref, lambda _old: blob, message="evidence")
+        got = self.evidence[build] = _ids(data)
+        return got
 
     def job_groups(self, job: JobRecord) -> list[tuple[tuple[str, str], _Group]]:
         answers = self.arm_answers(job.set_build, job.arm, job.arm_variant)
-        key = arm_rows(self.store, job.set_build, job.arm, job.arm_variant)
+        where = (job.set_build, job.arm, job.arm_variant)
+        key = self.keys.get(where)
+        if key is None:
+            key = self.keys[where] = arm_rows(self.store, *where)
         preds = _predictions(self.store, job, answers)
+        ran = preds.status.is_valid().to_numpy(zero_copy_only=False)
         out = []
         for g, k in zip(answers.record.groups, key.groups, strict=True):
             if (g.pair, g.target, g.start, g.stop) != (k.entry.pair, k.target, k.start, k.stop):
@@ -229,92 +287,26 @@ class _Reader:
             if preds.config is not None:
                 seen = pc.unique(preds.config.slice(g.start, n)).to_pylist()
                 configs = frozenset(c for c in seen if c)
-            out.append(
-                (
-                    (g.pair, g.target),
-                    _Group(
-                        patients=self.content_patients(k.content),
-                        atoms=k.atoms,
-                        content=k.content,
-                        config=g.config,
-                        metric=g.metric,
-                        numeric=g.numeric,
-                        truth=truth,
-                        pred=pred,
-                        run_configs=configs,
-                        families=self.config_families(g.config),
-                        ran=preds.status.slice(g.start, n).is_valid().to_pylist(),
-                    ),
-                )
+            universe = self.universes.setdefault(g.pair, _Universe())
+            group = _Group(
+                codes=universe.codes(k.content, self.content_patients(k.content)),
+                build=k.entry.result,
+                atoms=k.atoms,
+                content=k.content,
+                config=g.config,
+                metric=g.metric,
+                numeric=g.numeric,
+                truth=truth,
+                pred=pred,
+                ran=ran[g.start : g.stop],
+                run_configs=configs,
+                families=self.config_families(g.config),
             )
+            out.append(((g.pair, g.target), group))
         return out
 
 
-# -- pairing -------------------------------------------------------------------------------
-@dataclass
-class _Pairing:
-    patients: list[str]
-    excluded: dict[str, int]
-
-
-_NEVER = object()  # a patient's slot never ran under a side (in some repetition)
-
-
-def _side_facts(
-    reader: _Reader, groups: list[_Group], ladder: bool
-) -> dict[str, tuple[object, object]]:
-    """Each patient of a side: (what pairs them: evidence or content, their answer); in
-    the first place None when the side's repetitions disagree on it, `_NEVER` when one of
-    them has no final run for the patient."""
-    facts: dict[str, tuple[object, object]] = {}
-    for g in groups:
-        proof: list[object] = (
-            [g.content] * len(g.patients) if ladder else list(reader.atom_evidence(g.atoms))
-        )
-        truths = g.truth.to_pylist()
-        for p, e, t, ran in zip(g.patients, proof, truths, g.ran, strict=True):
-            got = facts.get(p)
-            if got is not None and got[0] is _NEVER:
-                continue
-            if not ran:
-                facts[p] = (_NEVER, t)
-            elif got is None:
-                facts[p] = (e, t)
-            elif got != (e, t):
-                facts[p] = (None, got[1])
-    return facts
-
-
-def _pair(reader: _Reader, a: list[_Group], b: list[_Group], ladder: bool) -> _Pairing:
-    fa, fb = _side_facts(reader, a, ladder), _side_facts(reader, b, ladder)
-    what = "cohort content" if ladder else "evidence"
-    excluded: dict[str, int] = {}
-
-    def out(reason: str) -> None:
-        excluded[reason] = excluded.get(reason, 0) + 1
-
-    paired = []
-    for p, (ea, ta) in fa.items():
-        got = fb.get(p)
-        if got is None:
-            out("only under a")
-        elif ea is _NEVER or got[0] is _NEVER:
-            out("never run under " + ("a" if ea is _NEVER else "b"))
-        elif ea is None or got[0] is None:
-            out(f"{what} differs between repetitions")
-        elif ea != got[0]:
-            out(f"{what} differs")
-        elif ta != got[1]:
-            out("answer differs")
-        else:
-            paired.append(p)
-    for p in fb:
-        if p not in fa:
-            out("only under b")
-    return _Pairing(paired, dict(sorted(excluded.items())))
-
-
-# -- per-patient statistics ----------------------------------------------------------------
+# -- values --------------------------------------------------------------------------------
 def _codes(array: pa.Array, vocab: dict[str, int]) -> np.ndarray:
     """Each row's label as its code in ``vocab`` (grown as needed), -1 for a null."""
     if pa.types.is_null(array.type):
@@ -326,80 +318,178 @@ def _codes(array: pa.Array, vocab: dict[str, int]) -> np.ndarray:
     return remap[idx.astype(np.intp)]
 
 
+def _numbers(array: pa.Array) -> np.ndarray:
+    return array.cast(pa.float64()).to_numpy(zero_copy_only=False)  # null -> NaN
+
+
+def _prepare_values(groups: Sequence[_Group]) -> int:
+    """Give every group of one (pair, target) its rows' values: label codes in one
+    vocabulary of every arm's truths and answers (for class targets), or numbers. Returns
+    the vocabulary's size (0 for a numeric target)."""
+    vocab: dict[str, int] = {}
+    for g in groups:
+        if g.truth_values is not None:
+            continue
+        if g.numeric:
+            g.truth_values, g.pred_values = _numbers(g.truth), _numbers(g.pred)
+        else:
+            g.truth_values, g.pred_values = _codes(g.truth, vocab), _codes(g.pred, vocab)
+    return len(vocab)
+
+
+# -- pairing -------------------------------------------------------------------------------
+@dataclass
+class _Facts:
+    """A side's patients (by code): seen, never run in some repetition, disagreeing between
+    repetitions, their proof (evidence or content id) and their answer."""
+
+    seen: np.ndarray
+    never: np.ndarray
+    mixed: np.ndarray
+    proof: np.ndarray
+    truth: np.ndarray
+
+
+def _same_values(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return (x == y) | (np.isnan(x) & np.isnan(y))
+
+
+def _facts(reader: _Reader, groups: list[_Group], size: int, ladder: bool) -> _Facts:
+    seen = np.zeros(size, dtype=bool)
+    never = np.zeros(size, dtype=bool)
+    mixed = np.zeros(size, dtype=bool)
+    proof = np.zeros((size, 4), dtype=np.uint64)
+    truth = np.full(size, np.nan)
+    for g in groups:
+        c = g.codes
+        if ladder:
+            rows = np.broadcast_to(_ids(g.content), (len(c), 4))
+        else:
+            rows = reader.build_evidence(g.build, g.atoms)
+        t = np.asarray(g.truth_values, dtype=np.float64)
+        before = seen[c]
+        differs = ~(proof[c] == rows).all(axis=1) | ~_same_values(truth[c], t)
+        mixed[c[before & differs]] = True
+        fresh = c[~before]
+        proof[fresh] = rows[~before]
+        truth[fresh] = t[~before]
+        seen[c] = True
+        never[c[~g.ran]] = True
+    return _Facts(seen, never, mixed, proof, truth)
+
+
+@dataclass
+class _Pairing:
+    patients: np.ndarray  # codes of the paired patients, in cohort order
+    excluded: dict[str, int]
+
+
+def _pair(a: _Facts, b: _Facts, ladder: bool) -> _Pairing:
+    what = "cohort content" if ladder else "evidence"
+    reasons: list[tuple[str, np.ndarray]] = []
+    rest = a.seen & b.seen
+    reasons.append(("only under a", a.seen & ~b.seen))
+    reasons.append(("only under b", b.seen & ~a.seen))
+    for name, mask in (
+        ("never run under a", rest & a.never),
+        ("never run under b", rest & ~a.never & b.never),
+        (f"{what} differs between repetitions", rest & ~a.never & ~b.never & (a.mixed | b.mixed)),
+    ):
+        reasons.append((name, mask))
+        rest = rest & ~mask
+    differs = rest & ~(a.proof == b.proof).all(axis=1)
+    reasons.append((f"{what} differs", differs))
+    rest = rest & ~differs
+    answer = rest & ~_same_values(a.truth, b.truth)
+    reasons.append(("answer differs", answer))
+    rest = rest & ~answer
+    excluded = {name: int(n) for name, mask in reasons if (n := np.count_nonzero(mask))}
+    return _Pairing(np.flatnonzero(rest), dict(sorted(excluded.items())))
+
+
+# -- per-patient statistics ----------------------------------------------------------------
 @dataclass
 class _Stats:
     """A side's per-patient sums over its repetitions, for the paired patients in order."""
 
-    matrix: np.ndarray  # [n, m]: the metric's statistics (see `_metric_stats`)
+    matrix: np.ndarray  # [n, m]: the metric's statistics (see `_class_stats`, `_num_stats`)
     per_patient: np.ndarray  # [n]: correctness rate, or mean absolute error (NaN: none)
     reps: int
     single: bool  # every paired patient has exactly one row
+    columns: np.ndarray | None = None  # where its columns sit in `sums`
+    sums: np.ndarray | None = None  # [n_boot, M]: resampled sums of its and others' columns
 
 
-def _positions(groups: list[_Group], patients: list[str]) -> list[np.ndarray]:
-    cache: dict[int, np.ndarray] = {}
-    out = []
-    for g in groups:
-        pos = cache.get(id(g.patients))
-        if pos is None:
-            where = {p: i for i, p in enumerate(g.patients)}
-            pos = np.array([where.get(p, -1) for p in patients], dtype=np.intp)
-            cache[id(g.patients)] = pos
-        out.append(pos)
-    return out
+def _rows_of(g: _Group, patients: np.ndarray, size: int) -> np.ndarray:
+    """For each paired patient, their row in ``g`` (-1 where ``g`` has none)."""
+    if len(g.codes) == len(patients) and np.array_equal(g.codes, patients):
+        return np.arange(len(patients))
+    row_of = np.full(size, -1, dtype=np.intp)
+    row_of[g.codes] = np.arange(len(g.codes))
+    return row_of[patients]
 
 
 def _class_stats(
-    metric: str, groups: list[_Group], positions: list[np.ndarray], vocab: dict[str, int], k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(matrix, correct, rows)`` summed over ``groups``: matrix columns ``[correct, rows]``
-    then, for the macro metrics, true positives, support and predictions by class."""
-    n = len(positions[0]) if positions else 0
+    metric: str, groups: list[_Group], patients: np.ndarray, size: int, k: int
+) -> np.ndarray:
+    """``[n, m]`` summed over ``groups``: columns ``[correct, rows]`` then, for the macro
+    metrics, true positives and support by class (and, for macro F1, answers by class)."""
+    n = len(patients)
     macro = metric in ("macro_f1", "balanced_accuracy")
     width = 2 + (3 * k if metric == "macro_f1" else 2 * k if macro else 0)
     total = np.zeros((n, width))
-    for g, pos in zip(groups, positions, strict=True):
-        have = pos >= 0
+    for g in groups:
+        pos = _rows_of(g, patients, size)
+        have = np.flatnonzero(pos >= 0)
         rows = pos[have]
-        t = _codes(g.truth, vocab)[rows]
-        p = _codes(g.pred, vocab)[rows]
+        assert g.truth_values is not None and g.pred_values is not None
+        t, p = g.truth_values[rows], g.pred_values[rows]
         right = (p == t) & (p >= 0)
-        block = np.zeros((len(rows), width))
-        block[:, 0] = right
-        block[:, 1] = 1.0
+        total[have, 0] += right
+        total[have, 1] += 1.0
         if macro:
-            r = np.arange(len(rows))
-            block[r[right], 2 + t[right]] = 1.0
-            block[r, 2 + k + t] = 1.0
+            np.add.at(total, (have[right], 2 + t[right]), 1.0)
+            np.add.at(total, (have, 2 + k + t), 1.0)
             if metric == "macro_f1":
                 answered = p >= 0
-                block[r[answered], 2 + 2 * k + p[answered]] = 1.0
-        total[np.flatnonzero(have)] += block
-    return total, total[:, 0], total[:, 1]
+                np.add.at(total, (have[answered], 2 + 2 * k + p[answered]), 1.0)
+    return total
 
 
-def _num_stats(
-    groups: list[_Group], positions: list[np.ndarray]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(matrix, abs_err_sum, answered)``: matrix columns ``[|err|, err², answered, rows]``."""
-    n = len(positions[0]) if positions else 0
-    total = np.zeros((n, 4))
-    for g, pos in zip(groups, positions, strict=True):
-        have = pos >= 0
+def _num_stats(groups: list[_Group], patients: np.ndarray, size: int) -> np.ndarray:
+    """``[n, 4]`` summed over ``groups``: columns ``[|err|, err², answered, rows]``."""
+    total = np.zeros((len(patients), 4))
+    for g in groups:
+        pos = _rows_of(g, patients, size)
+        have = np.flatnonzero(pos >= 0)
         rows = pos[have]
-        t = g.truth.cast(pa.float64()).to_numpy(zero_copy_only=False)[rows]
-        p = g.pred.cast(pa.float64()).to_numpy(zero_copy_only=False)[rows]
+        assert g.truth_values is not None and g.pred_values is not None
+        t, p = g.truth_values[rows], g.pred_values[rows]
         answered = np.isfinite(p)
         err = np.abs(np.where(answered, p - t, 0.0))
-        total[np.flatnonzero(have)] += np.stack(
-            [err, err * err, answered.astype(np.float64), np.ones(len(rows))], axis=1
-        )
-    return total, total[:, 0], total[:, 2]
+        total[have, 0] += err
+        total[have, 1] += err * err
+        total[have, 2] += answered
+        total[have, 3] += 1.0
+    return total
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     num = np.asarray(num, dtype=np.float64)
     return np.divide(num, den, out=np.full(num.shape, np.nan), where=den != 0)
+
+
+def _stats(
+    metric: str, numeric: bool, groups: list[_Group], patients: np.ndarray, size: int, k: int
+) -> _Stats:
+    if numeric:
+        matrix = _num_stats(groups, patients, size)
+        per, rows = _ratio(matrix[:, 0], matrix[:, 2]), matrix[:, 3]
+    else:
+        matrix = _class_stats(metric, groups, patients, size, k)
+        per, rows = _ratio(matrix[:, 0], matrix[:, 1]), matrix[:, 1]
+    single = bool(len(rows)) and bool(np.all(rows == 1))
+    return _Stats(matrix, per, len(groups), single)
 
 
 def _finalizer(metric: str, k: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -460,20 +550,6 @@ class _Task:
     families_b: tuple[str, ...]
 
 
-def _stats(
-    metric: str, numeric: bool, groups: list[_Group], patients: list[str], vocab: dict[str, int]
-) -> _Stats:
-    positions = _positions(groups, patients)
-    if numeric:
-        matrix, abs_sum, answered = _num_stats(groups, positions)
-        per = _ratio(abs_sum, answered)
-        rows = matrix[:, 3]
-    else:
-        matrix, correct, rows = _class_stats(metric, groups, positions, vocab, len(vocab))
-        per = _ratio(correct, rows)
-    return _Stats(matrix, per, len(groups), bool(len(rows)) and bool(np.all(rows == 1)))
-
-
 def _config_flag(label: str, groups: list[_Group]) -> str:
     own = {g.config.hex() for g in groups}
     runs = set().union(*(g.run_configs for g in groups)) - own
@@ -486,91 +562,129 @@ def _config_flag(label: str, groups: list[_Group]) -> str:
     return "; ".join(notes)
 
 
-def _task(
-    reader: _Reader, agent: str, contrast: Contrast, key: tuple[str, str], a: _Side, b: _Side
-) -> _Task | None:
-    ga, gb = a.groups[key], b.groups[key]
-    metric = ga[0].metric
-    numeric = ga[0].numeric
-    if gb[0].metric != metric or gb[0].numeric != numeric:
-        return None  # not the same target: nothing to contrast
-    ladder = contrast.kind == "ladder"
-    pairing = _pair(reader, ga, gb, ladder)
-    vocab: dict[str, int] = {}
-    if not numeric:  # one vocabulary for both arms, before either side's statistics
-        for g in (*ga, *gb):
-            _codes(g.truth, vocab)
-            _codes(g.pred, vocab)
-    sa = _stats(metric, numeric, ga, pairing.patients, vocab)
-    sb = _stats(metric, numeric, gb, pairing.patients, vocab)
-    flags = [f for f in (_config_flag(a.label, ga), _config_flag(b.label, gb)) if f]
-    return _Task(
-        agent=agent,
-        contrast=contrast,
-        pair=key[0],
-        target=key[1],
-        metric=metric,
-        pairing=pairing,
-        a=sa,
-        b=sb,
-        finish=_finalizer(metric, len(vocab)),
-        numeric=numeric,
-        config_a=ga[0].config.hex(),
-        config_b=gb[0].config.hex(),
-        config_flag="; ".join(flags),
-        families_a=ga[0].families,
-        families_b=gb[0].families,
-    )
+class _Planner:
+    """Makes the tasks of a comparison, computing each side's facts and statistics once."""
+
+    def __init__(self, reader: _Reader, sides: dict[tuple[str, str], _Side]) -> None:
+        self.reader = reader
+        self.sides = sides
+        self.vocab: dict[tuple[str, str], int] = {}
+        self.facts: dict[tuple[str, str, tuple[str, str], bool], _Facts] = {}
+        self.stats: dict[tuple[str, str, tuple[str, str], bytes], _Stats] = {}
+
+    def k(self, key: tuple[str, str]) -> int:
+        if key not in self.vocab:
+            groups = [g for s in self.sides.values() for g in s.groups.get(key, ())]
+            self.vocab[key] = _prepare_values(groups)
+        return self.vocab[key]
+
+    def side_facts(self, side: _Side, key: tuple[str, str], ladder: bool) -> _Facts:
+        fk = (side.agent, side.label, key, ladder)
+        if fk not in self.facts:
+            size = len(self.reader.universes[key[0]].code)
+            self.facts[fk] = _facts(self.reader, side.groups[key], size, ladder)
+        return self.facts[fk]
+
+    def side_stats(self, side: _Side, key: tuple[str, str], patients: np.ndarray) -> _Stats:
+        sk = (side.agent, side.label, key, patients.tobytes())
+        if sk not in self.stats:
+            groups = side.groups[key]
+            size = len(self.reader.universes[key[0]].code)
+            g = groups[0]
+            self.stats[sk] = _stats(g.metric, g.numeric, groups, patients, size, self.k(key))
+        return self.stats[sk]
+
+    def task(self, agent: str, contrast: Contrast, key: tuple[str, str]) -> _Task | None:
+        a, b = self.sides[(agent, contrast.a)], self.sides[(agent, contrast.b)]
+        ga, gb = a.groups[key], b.groups[key]
+        metric, numeric = ga[0].metric, ga[0].numeric
+        if gb[0].metric != metric or gb[0].numeric != numeric:
+            return None  # not the same target: nothing to contrast
+        k = self.k(key)
+        ladder = contrast.kind == "ladder"
+        pairing = _pair(self.side_facts(a, key, ladder), self.side_facts(b, key, ladder), ladder)
+        flags = [f for f in (_config_flag(a.label, ga), _config_flag(b.label, gb)) if f]
+        return _Task(
+            agent=agent,
+            contrast=contrast,
+            pair=key[0],
+            target=key[1],
+            metric=metric,
+            pairing=pairing,
+            a=self.side_stats(a, key, pairing.patients),
+            b=self.side_stats(b, key, pairing.patients),
+            finish=_finalizer(metric, k),
+            numeric=numeric,
+            config_a=ga[0].config.hex(),
+            config_b=gb[0].config.hex(),
+            config_flag="; ".join(flags),
+            families_a=ga[0].families,
+            families_b=gb[0].families,
+        )
 
 
 def _test(t: _Task) -> tuple[str, float | None, float | None, int, int, int]:
     """(test, statistic, p, discordant, a better, b better) on per-patient values."""
     pa_, pb_ = t.a.per_patient, t.b.per_patient
-    if not len(pa_):
-        return "", None, None, 0, 0, 0
     both = np.isfinite(pa_) & np.isfinite(pb_)
+    if not both.any():
+        return "", None, None, 0, 0, 0
     d = pa_[both] - pb_[both]
-    if t.numeric:
-        d = -d  # a lower absolute error is better
-    a_better, b_better = int(np.count_nonzero(d > 0)), int(np.count_nonzero(d < 0))
+    gain = -d if t.numeric else d  # a lower absolute error is better
+    a_better, b_better = int(np.count_nonzero(gain > 0)), int(np.count_nonzero(gain < 0))
     discordant = a_better + b_better
     if not t.numeric and t.a.single and t.b.single:
         p = mcnemar_exact(a_better, b_better)
         return "mcnemar-exact", None, p, discordant, a_better, b_better
-    if not both.any():
-        return "", None, None, 0, 0, 0
-    stat, p = wilcoxon(pa_[both] - pb_[both])
+    stat, p = wilcoxon(d)
     return "wilcoxon", stat, p, discordant, a_better, b_better
 
 
+def _bootstrap(tasks: list[_Task], n_boot: int, seed: int) -> None:
+    """Set each task's sides' ``columns`` in one matrix of resampled sums per number of
+    patients: equal columns (a side in two contrasts, the row counts) are summed once.
+    Integer statistics are summed in float32 when every sum is exact in it (twice as
+    fast); the others in float64."""
+    by_n: dict[int, dict[int, _Stats]] = {}
+    for t in tasks:
+        n = len(t.pairing.patients)
+        if n >= 2 and n_boot > 0:
+            for s in (t.a, t.b):
+                by_n.setdefault(n, {})[id(s)] = s
+    for n, stats in by_n.items():
+        unique: dict[bytes, int] = {}
+        cols: list[np.ndarray] = []
+        for s in stats.values():
+            where = []
+            for j in range(s.matrix.shape[1]):
+                col = np.ascontiguousarray(s.matrix[:, j])
+                where.append(unique.setdefault(col.tobytes(), len(unique)))
+                if len(cols) < len(unique):
+                    cols.append(col)
+            s.columns = np.array(where, dtype=np.intp)
+        matrix = np.stack(cols, axis=1)
+        # a resample's sum is at most n times a column's largest value
+        exact32 = bool(np.all(matrix == np.round(matrix))) and (
+            float(np.abs(matrix).max(initial=0.0)) * n < 2**24
+        )
+        sums = resample_sums(matrix.astype(np.float32) if exact32 else matrix, n_boot, seed)
+        for s in stats.values():
+            s.sums = sums
+
+
 def _finish(tasks: list[_Task], n_boot: int, seed: int) -> list[ContrastRow]:
-    """Bootstrap every task (tasks of the same number of patients share the resamples and
-    one matrix product), test each, adjust the p-values together."""
-    by_n: dict[int, list[int]] = {}
-    for i, t in enumerate(tasks):
-        by_n.setdefault(len(t.pairing.patients), []).append(i)
-    boot: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for n, idx in by_n.items():
-        if n < 2 or n_boot <= 0:
-            continue
-        blocks = [m for i in idx for m in (tasks[i].a.matrix, tasks[i].b.matrix)]
-        sums = resample_sums(np.concatenate(blocks, axis=1), n_boot, seed)
-        col = 0
-        for i in idx:
-            wa, wb = tasks[i].a.matrix.shape[1], tasks[i].b.matrix.shape[1]
-            boot[i] = (
-                tasks[i].finish(sums[:, col : col + wa]),
-                tasks[i].finish(sums[:, col + wa : col + wa + wb]),
-            )
-            col += wa + wb
+    """Bootstrap every task, test each, adjust the p-values together."""
+    _bootstrap(tasks, n_boot, seed)
     rows = []
-    for i, t in enumerate(tasks):
-        va = _clean(t.finish(t.a.matrix.sum(axis=0)[None])[0]) if len(t.pairing.patients) else None
-        vb = _clean(t.finish(t.b.matrix.sum(axis=0)[None])[0]) if len(t.pairing.patients) else None
+    for t in tasks:
+        paired = len(t.pairing.patients) > 0
+        va = _clean(t.finish(t.a.matrix.sum(axis=0)[None])[0]) if paired else None
+        vb = _clean(t.finish(t.b.matrix.sum(axis=0)[None])[0]) if paired else None
         diff = None if va is None or vb is None else _clean(va - vb)
         lo = hi = alo = ahi = blo = bhi = None
-        if i in boot and diff is not None:
-            ra, rb = boot[i]
+        if t.a.sums is not None and t.b.sums is not None and diff is not None:
+            ra = t.finish(np.asarray(t.a.sums[:, t.a.columns], dtype=np.float64))
+            rb = t.finish(np.asarray(t.b.sums[:, t.b.columns], dtype=np.float64))
             lo, hi = percentile_interval(ra - rb, ALPHA)
             alo, ahi = percentile_interval(ra, ALPHA)
             blo, bhi = percentile_interval(rb, ALPHA)
@@ -643,9 +757,12 @@ def derive_comparison(
     agents: Sequence[str] = (),
     n_boot: int = 1000,
     seed: int = 0,
+    cached: bool = True,
 ) -> DerivedComparison:
     """Compare the arms of ``jobs`` (all of one task set): ``contrasts`` as (a, b) arm
-    labels, else `default_contrasts`; for ``agents`` (names), else every agent of the jobs."""
+    labels, else `default_contrasts`; for ``agents`` (names), else every agent of the jobs.
+    ``cached``: use (and keep) the atoms' evidence ids kept per build; without it, every
+    atom is read (what ``audit verify`` does)."""
     records = [(j, store.get(j, JobRecord)) for j in dict.fromkeys(jobs)]
     if not records:
         raise CompareError("no jobs to compare: run the set first (`medomni bench run`)")
@@ -681,7 +798,7 @@ def derive_comparison(
                 + "): name one with --arms A B"
             )
     wanted = {x for c in chosen for x in (c.a, c.b)}
-    reader = _Reader(store)
+    reader = _Reader(store, cached)
     sides: dict[tuple[str, str], _Side] = {}
     used: list[ObjectId] = []
     for jid, r in records:
@@ -694,6 +811,7 @@ def derive_comparison(
         used.append(jid)
         for key, group in reader.job_groups(r):
             side.groups.setdefault(key, []).append(group)
+    planner = _Planner(reader, sides)
     tasks = []
     for agent in sorted({a for a, _ in sides}):
         for c in chosen:
@@ -701,7 +819,7 @@ def derive_comparison(
             if a is None or b is None:
                 continue
             for key in sorted(set(a.groups) & set(b.groups)):
-                t = _task(reader, agent, c, key, a, b)
+                t = planner.task(agent, c, key)
                 if t is not None:
                     tasks.append(t)
     if not tasks:

@@ -9,6 +9,7 @@ viewer and the notebook draw the same plots from what they already hold. matplot
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "comparison_plots",
     "confusion_figure",
+    "confusion_plots",
     "forest_figure",
     "ladder_figure",
     "ladder_points",
@@ -150,25 +152,44 @@ def ladder_figure(rows: Sequence[Row]) -> Figure | None:
     return fig
 
 
-def confusion_figure(table: Mapping[str, Any]) -> Figure:
-    """One confusion matrix: ``table`` has ``classes``, ``matrix`` (rows: truth, columns:
-    prediction, a last column for no answer) and a ``title``."""
-    classes = list(table["classes"])
-    matrix = table["matrix"]
-    fig = _figure(1.2 + 0.55 * (len(classes) + 1), 1.0 + 0.5 * len(classes))
-    ax = fig.add_subplot()
-    ax.imshow(matrix, cmap="Blues")
-    columns = [*classes, "none"]
-    ax.set_xticks(range(len(columns)), columns, fontsize=7)
-    ax.set_yticks(range(len(classes)), classes, fontsize=7)
-    for i, line in enumerate(matrix):
-        for j, v in enumerate(line):
-            if v:
-                ax.text(j, i, str(v), ha="center", va="center", fontsize=7)
-    ax.set_xlabel("answered")
-    ax.set_ylabel("truth")
-    ax.set_title(str(table.get("title", "")), fontsize=8)
+def confusion_figure(tables: Sequence[Mapping[str, Any] | Any]) -> Figure:
+    """Confusion matrices side by side, one a table (an arm, say): each has ``classes``,
+    ``matrix`` (rows: truth; columns: the class answered, then "none") and ``title``."""
+    widths = [1.0 + 0.5 * (len(_get(t, "classes")) + 1) for t in tables]
+    height = 1.4 + 0.45 * max(len(_get(t, "classes")) for t in tables)
+    fig = _figure(sum(widths), height)
+    axes = fig.subplots(1, len(tables), squeeze=False)[0]
+    for ax, table in zip(axes, tables, strict=True):
+        classes = list(_get(table, "classes"))
+        matrix = _get(table, "matrix")
+        ax.imshow(matrix, cmap="Blues", aspect="auto")
+        ax.set_xticks(range(len(classes) + 1), [*classes, "none"], fontsize=6, rotation=90)
+        ax.set_yticks(range(len(classes)), classes, fontsize=6)
+        for i, line in enumerate(matrix):
+            for j, v in enumerate(line):
+                if v:
+                    ax.text(j, i, str(v), ha="center", va="center", fontsize=6)
+        ax.set_xlabel("answered", fontsize=7)
+        ax.set_ylabel("truth", fontsize=7)
+        ax.set_title(str(_get(table, "title")), fontsize=7)
     return fig
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+def confusion_plots(tables: Sequence[Any], folder: Path) -> list[Path]:
+    """``confusion--<agent>--<pair>--<target>.png/.svg`` in ``folder``: one figure per
+    agent, pair and class target, a panel per arm."""
+    by: dict[tuple[str, str, str], list[Any]] = {}
+    for t in tables:
+        by.setdefault((_get(t, "agent"), _get(t, "pair"), _get(t, "target")), []).append(t)
+    out: list[Path] = []
+    for (agent, pair, target), group in sorted(by.items()):
+        stem = folder / f"confusion--{_safe(agent)}--{_safe(pair)}--{_safe(target)}"
+        out += save(confusion_figure(group), stem)
+    return out
 
 
 def comparison_plots(rows: Sequence[Row], folder: Path) -> list[Path]:

@@ -20,6 +20,10 @@ Each prefix, what its refs point at, and who moves them::
     results/<benchmark>/<set>       the set's latest `Result`              scorer.score_jobs
     scores/answers/<set build hex>/<arm label>
                                     the arm's `AnswerColumns`              columns.answer_columns
+    comparisons/<benchmark>/<set>   the set's latest `Comparison`          contrasts.compare_jobs
+    scores/evidence/<build hex>     a blob: the evidence tree id of each   contrasts (pairing)
+                                    atom of the `BuildResult`, 32 bytes
+                                    each, in its atoms' order
 
 A job key is ``hash(task set, agent config, arm label, repetition)``, so a job's two refs
 share it. Names on disk are forever: a store written before keeps its refs.
@@ -35,6 +39,8 @@ __all__ = [
     "AGENT_REFS",
     "ANSWER_REFS",
     "CLAIM_REFS",
+    "COMPARISON_REFS",
+    "EVIDENCE_REFS",
     "JOB_NAME_REFS",
     "JOB_REFS",
     "LEASE_REFS",
@@ -43,6 +49,8 @@ __all__ = [
     "agent_ref",
     "answers_ref",
     "claim_ref",
+    "comparison_ref",
+    "evidence_ref",
     "job_name_ref",
     "job_ref",
     "lease_ref",
@@ -59,6 +67,8 @@ LEASE_REFS = "runs/leases/"
 AGENT_REFS = "bench/agents/"
 RESULT_REFS = "results/"
 ANSWER_REFS = "scores/answers/"
+COMPARISON_REFS = "comparisons/"
+EVIDENCE_REFS = "scores/evidence/"
 
 
 def slot_ref(slot: bytes) -> str:
@@ -109,3 +119,11 @@ def result_ref(set_name: str) -> str:
 
 def answers_ref(set_build: ObjectId, arm_label: str) -> str:
     return f"{ANSWER_REFS}{set_build.hex()}/{arm_label}"
+
+
+def comparison_ref(set_name: str) -> str:
+    return COMPARISON_REFS + set_name
+
+
+def evidence_ref(build: ObjectId) -> str:
+    return f"{EVIDENCE_REFS}{build.hex()}"

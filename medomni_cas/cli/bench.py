@@ -158,6 +158,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                 out=out,
                 allow_partial=args.allow_partial,
                 arms=args.arm,
+                plots=args.plots,
             )
         except PartialScore as e:
             sys.stderr.write(f"medomni: {e}\n")
@@ -188,7 +189,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         )
     paths = report.files
     partial = " (PARTIAL: some slots never ran)" if report.scored.record.partial else ""
-    lines.append(f"result {report.result.hex()}{partial} -> {paths[0]}, {paths[1]}")
+    lines.append(f"result {report.result.hex()}{partial} -> {', '.join(str(p) for p in paths)}")
     data = {
         "result": report.result,
         "partial": report.scored.record.partial,
@@ -374,6 +375,11 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="score even when some slots have no final run (the rows say partial)",
     )
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--plots",
+        action="store_true",
+        help="also write per-class confusion plots (PNG and SVG) beside the results",
+    )
 
     i = add_command(verbs, "import", cmd_import, "read a run folder into the store")
     i.add_argument("folder", metavar="FOLDER")

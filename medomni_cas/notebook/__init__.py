@@ -5,6 +5,7 @@
 >>> ws.build("medomni-bench/v1", data_root="path/to/data")
 >>> ws.run("medomni-bench/v1", "baseline", arms=["no-perception"])
 >>> ws.score("medomni-bench/v1")                        # a ResultView: shows its table
+>>> ws.compare("medomni-bench/v1")                      # paired contrasts between arms, plots
 >>> ws.runs_df("medomni-bench/v1").groupby("outcome").size()
 >>> ws.provenance("medomni-bench/v1")                   # where the latest score came from
 >>> ws.verify("medomni-bench/v1")                       # every object re-hashed: ok?
@@ -40,9 +41,10 @@ from medomni_cas.audit.provenance import Provenance
 from medomni_cas.audit.verify import VerifyReport
 from medomni_cas.bench.harness import RunReport
 from medomni_cas.bench.records import AgentConfig, Result
-from medomni_cas.bench.refnames import JOB_REFS, RESULT_REFS, result_ref
+from medomni_cas.bench.refnames import JOB_REFS, RESULT_REFS, comparison_ref, result_ref
 from medomni_cas.bench.runners import Runner
 from medomni_cas.notebook import tables
+from medomni_cas.notebook.comparison_view import ComparisonView
 from medomni_cas.notebook.html import esc, kv_table, value_html
 from medomni_cas.notebook.views import ResultView, TaskSetView
 from medomni_cas.porcelain import Bar, Folders, Progress
@@ -58,7 +60,14 @@ if TYPE_CHECKING:
 
     from medomni_cas.store.sync import SyncReport
 
-__all__ = ["ResultView", "TaskSetView", "WorkspaceView", "open_workspace", "progress_bar"]
+__all__ = [
+    "ComparisonView",
+    "ResultView",
+    "TaskSetView",
+    "WorkspaceView",
+    "open_workspace",
+    "progress_bar",
+]
 
 
 def progress_bar(*, total: int | None, unit: str, desc: str) -> Bar:
@@ -273,9 +282,45 @@ class WorkspaceView:
         )
         return self.result(report.result)
 
+    def compare(
+        self,
+        set_name: str,
+        arms: Sequence[str] | None = None,
+        agents: Sequence[str] | None = None,
+        *,
+        n_boot: int = 1000,
+        seed: int = 0,
+        out: str | Path | None = None,
+    ) -> ComparisonView:
+        """Paired contrasts between arms of the set's recorded jobs, as ``medomni bench
+        compare`` makes them: ``arms`` (A, B) for A - B, else the defaults (encoders -
+        no-perception, encoders-required - encoders, each ladder rung against the one
+        before and against r1); stored under ``comparisons/<set>``, with
+        comparisons.json/.parquet and the plots written into ``out`` if given. The view
+        shows the contrasts and the plots inline."""
+        report = porcelain.compare(
+            self.store, set_name, arms=arms, agents=agents, n_boot=n_boot, seed=seed, out=out
+        )
+        return ComparisonView(report.comparison, report.compared.record, set_name)
+
+    def comparison(self, ref_or_id: str | ObjectId) -> ComparisonView:
+        """A stored comparison: by set name (its latest, ``comparisons/<set>``), ref name,
+        id or id prefix."""
+        spec = ref_or_id
+        if isinstance(spec, str) and self.store.refs.get(comparison_ref(spec)) is not None:
+            spec = comparison_ref(spec)
+        found = porcelain.find_comparison(self.store, spec)
+        if found is None:
+            raise ValueError(f"{ref_or_id} names no comparison")
+        cid, record = found
+        name = self._names.sets([record.task_set])[record.task_set]
+        return ComparisonView(cid, record, name)
+
     # -- proving where a score came from --------------------------------------------------------
-    def _result_id(self, result: str | ObjectId | ResultView) -> ObjectId:
-        return result.id if isinstance(result, ResultView) else self.result(result).id
+    def _result_id(self, result: str | ObjectId | ResultView | ComparisonView) -> ObjectId:
+        if isinstance(result, ResultView | ComparisonView):
+            return result.id
+        return self.result(result).id
 
     def provenance(self, result: str | ObjectId | ResultView, *, runs: bool = False) -> Provenance:
         """Where ``result`` came from, as ``medomni audit show`` prints it: its scores, the
@@ -285,7 +330,7 @@ class WorkspaceView:
 
     def verify(
         self,
-        result: str | ObjectId | ResultView,
+        result: str | ObjectId | ResultView | ComparisonView,
         *,
         canonical: bool = False,
         jobs: int | None = None,
@@ -293,7 +338,8 @@ class WorkspaceView:
     ) -> VerifyReport:
         """Re-hash every object ``result`` was made from and make its answer columns again,
         as ``medomni audit verify`` does; the report names each missing, corrupt or
-        malformed object with its path from the result (``ok`` when there is none)."""
+        malformed object with its path from the result (``ok`` when there is none). A
+        `ComparisonView` is computed again from its jobs the same way."""
         return porcelain.verify(
             self.store,
             self._result_id(result),
