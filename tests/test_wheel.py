@@ -62,14 +62,25 @@ def test_the_core_does_not_pull_the_extras() -> None:
     extras = project["optional-dependencies"]
     for extra, names in {
         "notebook": {"pandas", "ipywidgets"},
-        "bench": {"starlette", "uvicorn"},
+        "bench": {"starlette", "uvicorn", "httpx"},
+        "view": {"starlette", "uvicorn"},
         "s3": {"s3fs"},
+        "compare": {"scipy", "matplotlib"},
+        "attest": {"cryptography"},
         "harbor": {"medomni-harbor"},
     }.items():
         assert set(_requirements(extras[extra])) == names, extra
         assert not names & set(core), extra
     dev = _requirements(extras["dev"])
-    assert dev["medomni-cas"].extras == {"notebook", "bench", "s3", "docs"}
+    assert dev["medomni-cas"].extras == {
+        "notebook",
+        "bench",
+        "view",
+        "s3",
+        "compare",
+        "attest",
+        "docs",
+    }
     assert {"pytest", "mypy", "build", "jsonschema"} <= set(dev)
     assert set(_requirements(extras["docs"])) == {"mkdocs", "mkdocs-material"}
 
