@@ -45,6 +45,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -57,6 +58,7 @@ from medomni_cas.bench.records import EncoderServed, Outcome
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
 from medomni_cas.bench.scratch import SCRATCH_FOLDER, Scratch
 from medomni_cas.bench.staging import RESERVED, stage_atom
+from medomni_cas.bench.trialpool import run_concurrently
 
 __all__ = ["ISOLATIONS", "ProcessRunner", "agent_env", "namespaces_available", "now_iso"]
 
@@ -141,6 +143,12 @@ class ProcessRunner(Runner):
     )
     isolated: ClassVar[bool] = False
     scaffolds: ClassVar[tuple[str, ...]] = ("process", "baseline", "command")
+    claims_each: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "run" in cls.__dict__ and "claims_each" not in cls.__dict__:
+            cls.claims_each = False  # a run() of its own asks no `Job.claim`: claim up front
 
     def __init__(
         self,
@@ -201,7 +209,7 @@ class ProcessRunner(Runner):
         with contextlib.ExitStack() as stack:
             scratch = stack.enter_context(Scratch(self._scratch_root(job), keep=self.keep))
             hide = [*_local_paths(job.store), *job.private, job.folder, scratch.root]
-            tokens = None
+            tokens, url = None, ""
             if job.encoders != "none":
                 # one server for the job, one gateway (budget, filter, log) per atom task,
                 # reached only with that task's token
@@ -209,14 +217,21 @@ class ProcessRunner(Runner):
 
                 tokens = Tokens()
                 url = stack.enter_context(serve(tokens, host="127.0.0.1", port=0))
-            for spec in job.trials:
-                folder = scratch.trial()
+
+            def runs() -> Iterator[_Run]:
+                for spec in job.trials:
+                    # claimed as it starts: harnesses sharing the store share the job
+                    if job.claim is None or job.claim(spec):
+                        yield _Run(job, spec, cmd, scratch.trial(), isolation, hide)
+
+            if job.concurrency > 1:
+                yield from run_concurrently(runs(), job.concurrency, tokens, url, scratch)
+                return
+            for run in runs():
                 try:
-                    run = _Run(job, spec, cmd, folder, isolation, hide)
-                    trial = run.go(tokens, url if tokens is not None else "")
-                    yield trial  # the harness records it before we get here again
+                    yield run.go(tokens, url)  # the harness records it before we get here again
                 finally:
-                    scratch.remove(folder)
+                    scratch.remove(run.folder)
 
     # kept for runners built on this one (tests, wrappers): one trial in a folder of its own
     def _trial(self, job: Job, spec: TrialSpec, cmd: Sequence[str]) -> Trial:
@@ -251,16 +266,42 @@ class _Run:
         self.work = self.agent / "workspace"
         self.tmp = self.agent / "tmp"
         self.run_info = self.agent / "run_info.json"
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stopped = False
+
+    def stop(self) -> None:
+        """End the trial from another thread: its sandbox gets SIGTERM (it kills every
+        process of the agent), and a trial not launched yet never starts."""
+        with self._lock:
+            self._stopped = True
+            if self._proc is not None and self._proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """What `stop` left of the trial's process group, killed."""
+        with self._lock:
+            if self._proc is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
 
     def go(self, tokens: Any, url: str) -> Trial:
+        failed = self.stage(tokens, url)
+        return failed if failed is not None else self.launch()
+
+    def stage(self, tokens: Any, url: str) -> Trial | None:
+        """Stage the task's files and the trial's gateway (the store is read here, so the
+        caller's thread does it); an infrastructure error's trial when staging failed."""
         job, spec = self.job, self.spec
-        started, t0 = now_iso(), time.monotonic()
+        self.started, self.t0 = now_iso(), time.monotonic()
         try:
             self.agent.mkdir(mode=0o700)
-            answer_path = stage_atom(job.store, spec.atom, spec.format_check, self.work)
+            self.answer_path = stage_atom(job.store, spec.atom, spec.format_check, self.work)
             self.tmp.mkdir(mode=0o700)
         except Exception as e:  # the task could not be staged: not the agent's doing
-            return _infra(spec, started, t0, f"staging failed: {e}")
+            return _infra(spec, self.started, self.t0, f"staging failed: {e}")
+        answer_path = self.answer_path
         limit = spec.atom.environment.agent_timeout_sec
         if job.agent.limits.time_sec:
             limit = min(limit, job.agent.limits.time_sec)
@@ -272,23 +313,29 @@ class _Run:
             "MEDOMNI_RUN_INFO": str(self.run_info),
             "MEDOMNI_MODEL": job.agent.model,
         }
-        gateway, token = None, ""
+        self.tokens, self.gateway, self.token = tokens, None, ""
         if tokens is not None:
             from medomni_cas.bench.perception import Gateway
 
-            gateway = Gateway(
+            self.gateway = Gateway(
                 self.work, spec.atom.families, budget=job.budget, atom=spec.atom_id.hex()
             )
-            token = tokens.issue(gateway)
-            own["MEDOMNI_PERCEPTION_URL"] = f"{url}{tokens.PREFIX}{token}"
-        env = agent_env(job, self.cmd, own)
+            self.token = tokens.issue(self.gateway)
+            own["MEDOMNI_PERCEPTION_URL"] = f"{url}{tokens.PREFIX}{self.token}"
+        self.env, self.limit = agent_env(job, self.cmd, own), limit
+        return None
+
+    def launch(self) -> Trial:
+        """Run the staged agent and collect what it did (reads no store: any thread)."""
+        job, spec, answer_path = self.job, self.spec, self.answer_path
+        started, t0, gateway = self.started, self.t0, self.gateway
         try:
             with OpenWatcher(self.work, ignore=RESERVED) as watcher:
-                outcome, errors, out, err = self._exec(env, limit)
+                outcome, errors, out, err = self._exec(self.env, self.limit)
                 opened = watcher.opened()
         finally:
-            if tokens is not None:
-                tokens.revoke(token)  # whatever it left running can call no more
+            if self.tokens is not None:
+                self.tokens.revoke(self.token)  # whatever it left running can call no more
         trial = Trial(
             slot=spec.slot,
             attempt=spec.attempt,
@@ -336,9 +383,11 @@ class _Run:
         logs = self.folder / "stdout.txt", self.folder / "stderr.txt"
         argv = self._launcher(status)
         # files, not pipes: a process that escaped cannot keep the harness reading forever
-        with open(logs[0], "wb") as out, open(logs[1], "wb") as err:
+        with open(logs[0], "wb") as out, open(logs[1], "wb") as err, self._lock:
+            if self._stopped:
+                return "infra-error", ["the harness stopped before the trial started"], b"", b""
             try:
-                proc = subprocess.Popen(
+                self._proc = proc = subprocess.Popen(
                     argv,
                     cwd=self.work,
                     env=env,
