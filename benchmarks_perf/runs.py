@@ -10,9 +10,9 @@
 2. s3: one job of 140 slots (the demo's no-perception arm) on an ``s3://`` store (moto's
    server on loopback, in a child process) against the same job on LMDB, both with the
    process runner and the baseline agent; and the S3 requests per run, counted at the
-   server (`benchmarks_perf._s3server`), for that job and amortized over more than 1,000
-   runs (the demo's set at two repetitions, with an instant in-process runner so that
-   only the harness and the store are measured).
+   server (`benchmarks_perf._s3server`), for that job, and for the same job with an instant
+   in-process runner (only the harness and the store are measured), without and with a
+   local cache in front of the store.
 
 ``--quick`` runs one n20 pair under one arm. ``--only concurrency|s3`` runs some parts.
 """
@@ -66,8 +66,8 @@ class Sizes:
     reps: int  # repetitions of the set for the requests amortized over many runs
 
 
-FULL = Sizes(DEMO_SET, rounds=2, reps=2)
-QUICK = Sizes(QUICK_SET, rounds=1, reps=3)
+FULL = Sizes(DEMO_SET, rounds=2, reps=1)
+QUICK = Sizes(QUICK_SET, rounds=1, reps=1)
 
 
 def demo_tree(root: Path, quick: bool) -> Path:
@@ -314,29 +314,32 @@ def bench_s3(tmp: Path, sizes: Sizes) -> list[Row]:
                 note=_by_method(counts) + " (at the server)",
             )
         )
-        # amortized over many runs: the harness and the store alone
-        url = remote()
-        reset_counts(endpoint)
-        _, many = _run_on(
-            url,
-            tree,
-            tmp / "runs-many",
-            sizes.set_name,
-            None,
-            runner=InstantRunner(),
-            reps=sizes.reps,
-        )
-        counts = fetch_counts(endpoint)
-        print(f"{many} runs, instant runner, on s3: {sorted(counts.items())}")
-        rows.append(
-            Row(
-                f"S3 requests per run, {many:,} runs (instant runner)",
-                _requests(counts) / many,
-                "requests",
-                max_value=3.001,
-                note=_by_method(counts) + " (at the server)",
+        # the harness and the store alone (an instant runner), without and with a cache
+        for cache in (None, f"lmdb://{tmp / 'cache'}"):
+            url = remote()
+            reset_counts(endpoint)
+            _, many = _run_on(
+                url,
+                tree,
+                tmp / f"runs-instant-{bool(cache)}",
+                sizes.set_name,
+                arm,
+                cache=cache,
+                runner=InstantRunner(),
+                reps=sizes.reps,
             )
-        )
+            counts = fetch_counts(endpoint)
+            how = "with a local cache (cache=True)" if cache else "no cache"
+            print(f"{many} runs, instant runner, {how}: {sorted(counts.items())}")
+            rows.append(
+                Row(
+                    f"S3 requests per run, {many:,} runs (instant runner), {how}",
+                    _requests(counts) / many,
+                    "requests",
+                    max_value=3.001,
+                    note=_by_method(counts) + " (at the server)",
+                )
+            )
     return rows
 
 

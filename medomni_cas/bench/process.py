@@ -34,6 +34,13 @@ Isolation
   with one of a trial that ended, is refused.
 
 The network is not closed: isolation from the network is the Harbor runner's job.
+
+Concurrency
+-----------
+``bench run --concurrency N`` keeps N trials running at once (`medomni_cas.bench.trialpool`),
+each in its own folder, session and sandbox as above, under ``isolation=namespaces`` only:
+without namespaces a trial could see and write the folders of the trials beside it, so
+they run one at a time.
 """
 
 from __future__ import annotations
@@ -224,7 +231,9 @@ class ProcessRunner(Runner):
                     if job.claim is None or job.claim(spec):
                         yield _Run(job, spec, cmd, scratch.trial(), isolation, hide)
 
-            if job.concurrency > 1:
+            # without namespaces a trial sees the others' folders: then one at a time, so
+            # what a trial leaves behind is killed before the next one starts
+            if job.concurrency > 1 and isolation == "namespaces":
                 yield from run_concurrently(runs(), job.concurrency, tokens, url, scratch)
                 return
             for run in runs():

@@ -247,11 +247,14 @@ def record_job(
     set_build: ObjectId,
     rows: ArmRows,
     started: str,
+    known: Mapping[ObjectId, RunRecord] | None = None,
 ) -> ObjectId:
     """Record ``job`` over ``runs``, the final run of each of its slots in the arm's atom
     order, with its predictions as columns in ``rows``' order; move the job's ref to it.
     The job's id (the same when nothing ran since the last record)."""
-    records = [store.get(r, RunRecord) for r in runs]
+    known = known or {}
+    read = dict(store.get_many([r for r in runs if r not in known], RunRecord))
+    records = [known[r] if r in known else read[r] for r in runs]
     table = store.put(prediction_columns(store, rows, records, job.agent.kind))
     record = JobRecord(
         name=job.name,

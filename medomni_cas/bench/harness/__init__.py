@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -230,8 +230,17 @@ def _rerun_chosen(state: RunState, rerun: Rerun) -> bool:
     )
 
 
-def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
-    return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
+def _final_runs(
+    store: Store, slots: list[bytes], known: Mapping[bytes, ObjectId] | None = None
+) -> list[ObjectId]:
+    """The latest run of each slot that has one, in order; the refs this harness moved
+    itself (``known``) are not read again (on S3 a request each)."""
+    if not known:
+        return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
+    ask = [s for s in slots if s not in known]
+    read = dict(zip(ask, store.refs.get_many_by_id(SLOT_REFS, ask), strict=True))
+    runs = [known[s] if s in known else read[s] for s in slots]
+    return [rid for rid in runs if rid is not None]
 
 
 @dataclass
@@ -536,6 +545,8 @@ def _run_job(
     watching = fail_fast > 0
     lease.sweep(slots, {t.slot for t in job.trials})
     claims = JobClaims(store, lease, planned.previous)
+    recorded: dict[bytes, ObjectId] = {}  # slot -> the run this call recorded
+    records: dict[ObjectId, RunRecord] = {}
     todo, total = job.trials, len(job.trials)
     try:
         while todo and not stopped:
@@ -557,7 +568,9 @@ def _run_job(
                     if not lease.holds(trial.slot):
                         continue  # our lease lapsed and another harness took it over
                     previous = planned.previous[trial.slot]
-                    _, record = record_trial(store, job, spec, trial, view.task_set, previous)
+                    rid, record = record_trial(store, job, spec, trial, view.task_set, previous)
+                    recorded[trial.slot] = rid
+                    records[rid] = record
                     lease.release(trial.slot)
                     ran += 1
                     infra += trial.outcome == "infra-error"
@@ -593,7 +606,7 @@ def _run_job(
             lease.release(slot)  # not run (runner stopped early): free for the next try
     held = claims.holders()
     held_slots: set[bytes] = set(claims.waiting)
-    runs = _final_runs(store, slots)
+    runs = _final_runs(store, slots, recorded)
     assert view.build is not None  # run_set refuses a set without one
     jid = record_job(
         store,
@@ -603,6 +616,7 @@ def _run_job(
         set_build=view.build,
         rows=planned.rows,
         started=started,
+        known=records,
     )
     report = JobReport(
         job.name,
@@ -616,7 +630,7 @@ def _run_job(
         infra_errors=infra,
         stopped=stopped,
     )
-    _count(store, planned, report, held_slots)
+    _count(store, planned, report, held_slots, recorded, records)
     if runs:
         write_run_folder(store, jid, job.folder)
     if job.folder.is_dir():
@@ -640,7 +654,14 @@ def report_json(report: JobReport) -> bytes:
     return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
 
 
-def _count(store: Store, planned: _Planned, report: JobReport, held: set[bytes]) -> None:
+def _count(
+    store: Store,
+    planned: _Planned,
+    report: JobReport,
+    held: set[bytes],
+    recorded: Mapping[bytes, ObjectId] | None = None,
+    records: Mapping[ObjectId, RunRecord] | None = None,
+) -> None:
     """Fill in where the slots in scope stand now: those done before as the resume check
     found them, those planned to run as their refs say after the run (but those another
     harness held, which the report counts as held)."""
@@ -648,8 +669,14 @@ def _count(store: Store, planned: _Planned, report: JobReport, held: set[bytes])
     report.unanswered = planned.plan.unanswered
     slots = [planned.plan.slots[i] for i, _, _ in planned.plan.to_run]
     slots = [s for s in slots if s not in held]
-    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
-    states = run_states(store, [r for r in lasts if r is not None])
+    recorded, records = recorded or {}, records or {}
+    ask = [s for s in slots if s not in recorded]
+    read = dict(zip(ask, store.refs.get_many_by_id(SLOT_REFS, ask), strict=True))
+    lasts = [recorded[s] if s in recorded else read[s] for s in slots]
+    # the runs this call recorded are known; only the others' are read
+    states = run_states(store, [r for r in lasts if r is not None and r not in records])
+    for rid, r in records.items():
+        states[rid] = RunState(r.outcome, r.attempt, r.agent_block.meets_arm)
     for last in lasts:
         if last is None:
             report.never_run += 1
