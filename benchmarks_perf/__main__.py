@@ -14,6 +14,7 @@ SUITES = {
     "harbor": "benchmarks_perf.harbor",
     "llm": "benchmarks_perf.llm",
     "compare": "benchmarks_perf.compare",
+    "runs": "benchmarks_perf.runs",
     "view": "benchmarks_perf.view",
 }
 
