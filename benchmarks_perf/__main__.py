@@ -13,6 +13,7 @@ SUITES = {
     "bench": "benchmarks_perf.bench",
     "harbor": "benchmarks_perf.harbor",
     "llm": "benchmarks_perf.llm",
+    "scale": "benchmarks_perf.scale",
 }
 
 
