@@ -19,7 +19,9 @@ push). Peak RSS is the child's ``VmHWM`` (anonymous and mapped pages: LMDB's map
 counts where its pages were read); "anon" is the peak of its anonymous pages alone
 (``RssAnon``, sampled every 10 ms from outside), what the process itself holds.
 
-``--only OP`` (repeatable) runs some operations; ``--factors 1,4,16`` other sizes.
+``--only OP`` (repeatable) runs some operations; ``--factors 1,4,16`` other sizes;
+``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
+of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table.
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
 """
 
@@ -57,6 +59,8 @@ MiB = 1 << 20
 BOUNDED = ("verify", "fsck", "gc", "push")
 MAX_SLOPE = 1.05
 MAX_RSS_RATIO = 2.0
+#: the environment of a baseline run: the spill bound lifted, every set and level in memory
+IN_MEMORY = {"MEDOMNI_SPILL_IDS": str(1 << 40)}
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class Sizes:
     patients: int  # 1x: the cohort built
 
 
-FULL = Sizes(atoms_per_arm=3_000, score_jobs=10, rows_per_job=100_000, patients=250)
+FULL = Sizes(atoms_per_arm=1_250, score_jobs=10, rows_per_job=100_000, patients=120)
 QUICK = Sizes(atoms_per_arm=50, score_jobs=1, rows_per_job=1_000, patients=5)
 QUICK_FACTORS = "1,2"
 
@@ -111,6 +115,9 @@ def measure(op: str, spec: dict[str, Any], tmp: Path, env: dict[str, str] | None
     got = json.loads(out.strip().splitlines()[-1])
     got["anon_kib"] = anon
     path.unlink()
+    # each figure as it comes: a run cut short still tells what it measured
+    shown = f"{op}{' (' + ','.join(f'{k}={v}' for k, v in env.items()) + ')' if env else ''}"
+    print(f"    {shown}: {got}", flush=True)
     return got
 
 
@@ -125,7 +132,7 @@ def _expect(op: str, got: dict[str, Any], **want: int) -> None:
 
 
 # -- the stores ---------------------------------------------------------------------------------
-def runs_ops(tmp: Path, sizes: Sizes, f: int, only: set[str]) -> dict[str, Measure]:
+def runs_ops(tmp: Path, sizes: Sizes, f: int, only: set[str], baseline: bool) -> dict[str, Measure]:
     """resume, verify, fsck, push, pull and gc at ``f`` times the work, on one store."""
     from benchmarks_perf import bench
     from medomni_cas.store.blobs import blob_object
@@ -179,10 +186,18 @@ def runs_ops(tmp: Path, sizes: Sizes, f: int, only: set[str]) -> dict[str, Measu
         _expect("verify", got, problems=0)
         closure = got["objects"]
         out["verify"] = _m(got, got["objects"])
+        if baseline:
+            got = measure("verify", spec, tmp, env=IN_MEMORY)
+            _expect("verify", got, problems=0, objects=closure)
+            out["verify, in memory"] = _m(got, closure)
     if "fsck" in only:
         got = measure("fsck", spec, tmp)
         _expect("fsck", got, objects=total, problems=0, history=0)
         out["fsck"] = _m(got, total)
+        if baseline:
+            got = measure("fsck", spec, tmp, env=IN_MEMORY)
+            _expect("fsck", got, objects=total, problems=0, history=0)
+            out["fsck, in memory"] = _m(got, total)
     for op in ("push", "pull"):
         if op in only:
             other = tmp / f"{op}-{f}"
@@ -286,22 +301,24 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
     ]
     body = []
     for op, points in results.items():
+        base = op.split(",")[0]
         s = slope(points)
         first, last = points[0], points[-1]
         linear = last.seconds / (first.seconds * last.work / first.work)
         rss = last.maxrss / first.maxrss
-        ok = s <= MAX_SLOPE and (op not in BOUNDED or rss <= MAX_RSS_RATIO)
+        bounded = op in BOUNDED  # a baseline row (", in memory") has no target
+        ok = s <= MAX_SLOPE and (not bounded or rss <= MAX_RSS_RATIO)
         body.append(
             [
-                f"{op} ({UNITS[op]})",
+                f"{op} ({UNITS[base]})",
                 " / ".join(_n(p.work) for p in points),
                 " / ".join(f"{p.seconds:.3g}" for p in points),
                 " / ".join(f"{p.maxrss:.0f}" for p in points),
                 " / ".join(f"{p.anon:.0f}" for p in points),
                 f"{s:.2f}",
                 f"{linear:.2f}x",
-                f"{rss:.2f}x" + ("" if op in BOUNDED else " (no target)"),
-                "PASS" if ok else "MISS",
+                f"{rss:.2f}x" + ("" if bounded else " (no target)"),
+                ("PASS" if ok else "MISS") if "," not in op else "",
             ]
         )
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
@@ -310,7 +327,16 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep, *(line(b) for b in body)])
+    table = "\n".join([line(head), sep, *(line(b) for b in body)])
+    notes = []
+    for op in BOUNDED:
+        mem = results.get(f"{op}, in memory")
+        if mem and results.get(op):
+            ratios = " / ".join(
+                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], mem, strict=True)
+            )
+            notes.append(f"{op}: time with the bound / bound lifted, at each size: {ratios}")
+    return "\n".join([table, *notes])
 
 
 # -- driver -------------------------------------------------------------------------------------
@@ -326,6 +352,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--only", choices=sorted(OPS), action="append", help="some operations")
     parser.add_argument("--factors", help="the sizes, as multiples of 1x (default 1,4,16)")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run verify and fsck with the spill bound lifted (all in memory)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("OP", "SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -342,7 +373,12 @@ def main(argv: Sequence[str]) -> int:
     )
     print(f"1x: {sizes}", flush=True)
     start = time.perf_counter()
-    results: dict[str, list[Measure]] = {op: [] for op in OPS if op in only}
+    results: dict[str, list[Measure]] = {}
+    for op in OPS:
+        if op in only:
+            results[op] = []
+            if args.baseline and op in ("verify", "fsck"):
+                results[f"{op}, in memory"] = []
     with tempfile.TemporaryDirectory(prefix="medomni-scale-", dir="/tmp") as d:
         tmp = Path(d)
         if "build" in only:
@@ -354,7 +390,7 @@ def main(argv: Sequence[str]) -> int:
             if "build" in only:
                 results["build"].append(build_op(tmp, data, sizes, f))
             if only & {"resume", "verify", "fsck", "push", "pull", "gc"}:
-                for op, m in runs_ops(tmp, sizes, f, only).items():
+                for op, m in runs_ops(tmp, sizes, f, only, args.baseline).items():
                     results[op].append(m)
             if "score" in only:
                 results["score"].append(score_op(tmp, sizes, f))
