@@ -33,6 +33,8 @@ from medomni_cas.audit.provenance import Provenance
 from medomni_cas.audit.provenance import provenance as audit_provenance
 from medomni_cas.audit.verify import VerifyReport, verify_result
 from medomni_cas.bench.agents import find_agent, load_agent
+from medomni_cas.bench.comparisons import Comparison
+from medomni_cas.bench.contrasts import Compared, CompareError, compare_jobs, write_comparisons
 from medomni_cas.bench.harness import RunReport, run_set
 from medomni_cas.bench.records import AgentConfig, JobRecord
 from medomni_cas.bench.refnames import result_ref
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Bar",
+    "CompareReport",
     "DiffReport",
     "FolderName",
     "Folders",
@@ -78,9 +81,12 @@ __all__ = [
     "check_answer_keys",
     "check_pair",
     "check_set",
+    "compare",
     "diff",
     "export",
+    "find_comparison",
     "format_value",
+    "open_remote",
     "provenance",
     "pull",
     "push",
@@ -467,6 +473,68 @@ def score(
     return ScoreReport(scored, tuple(files))
 
 
+@dataclass(frozen=True)
+class CompareReport:
+    """A stored comparison and the files written for it (none when no folder was asked for)."""
+
+    compared: Compared
+    files: tuple[Path, ...] = ()
+
+    @property
+    def comparison(self) -> ObjectId:
+        return self.compared.comparison
+
+
+def compare(
+    store: Store,
+    set_name: str,
+    *,
+    arms: Sequence[str] | None = None,
+    agents: Sequence[str] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    out: str | Path | None = None,
+    plots: bool = True,
+) -> CompareReport:
+    """Paired contrasts between arms of the set's recorded jobs (`compare_jobs`): ``arms``
+    (two arm labels, A then B: A - B) or the defaults, for ``agents`` or every agent; move
+    ``comparisons/<set>`` to it and write comparisons.json/.parquet (and, with ``plots``,
+    the forest and ladder plots) into ``out``."""
+    view = show_set(store, set_name)
+    if arms is not None and len(arms) != 2:
+        raise CompareError(f"--arms takes two arm labels, A and B (A - B); got {list(arms)}")
+    jobs = jobs_of(store, view.task_set, list(agents) if agents else None)
+    compared = compare_jobs(
+        store,
+        jobs,
+        contrasts=[(arms[0], arms[1])] if arms else (),
+        agents=tuple(agents or ()),
+        n_boot=n_boot,
+        seed=seed,
+        set_name=set_name,
+    )
+    files: tuple[Path, ...] = ()
+    if out is not None:
+        files = write_comparisons(compared, Path(out))
+        if plots:
+            from medomni_cas.bench.plots import comparison_plots
+
+            files += tuple(comparison_plots(compared.record.rows, Path(out)))
+    return CompareReport(compared, files)
+
+
+def find_comparison(store: Store, spec: str | ObjectId) -> tuple[ObjectId, Comparison] | None:
+    """The comparison ``spec`` names (the ref ``comparisons/<set>``, an id, a prefix), or
+    None when it names something else (a set name names its result)."""
+    try:
+        oid = result_id(store, spec)  # a set name is its result's, never its comparison's
+    except MedomniError:
+        return None
+    if store.kind(oid) != Comparison.__kind__:
+        return None
+    return oid, store.get(oid, Comparison)
+
+
 def check_answer_keys(
     store: Store,
     jobs: Sequence[ObjectId],
@@ -578,9 +646,12 @@ def export(store: Store, result: str | ObjectId, *, max_items: int = 10_000) -> 
 Remote = str | Store | None
 
 
-def _remote(
-    remote: Remote, workspace: Workspace | str | Path | None, **options: bool
+def open_remote(
+    remote: Remote, workspace: Workspace | str | Path | None = ".", **options: bool
 ) -> AbstractContextManager[Store]:
+    """The store ``remote`` names (see `Remote`); an open `Store` given is not closed here.
+
+    ``options`` go to `medomni_cas.workspace.open_store` (``create=False`` for a source)."""
     if isinstance(remote, Store):
         return nullcontext(remote)  # the caller's: not closed here
     if remote is not None and "://" in remote:
@@ -608,7 +679,7 @@ def push(
 
     ``single_writer`` opens the remote allowing ref updates without conditional writes;
     ``force`` and ``message``: see `medomni_cas.store.sync.transfer`."""
-    with _remote(remote, workspace, single_writer=single_writer) as dst:
+    with open_remote(remote, workspace, single_writer=single_writer) as dst:
         return sync.push(store, dst, refs, force=force, message=message, progress=progress)
 
 
@@ -626,5 +697,5 @@ def pull(
 
     The remote must exist: pulling from a mistyped local path is an error, not an empty
     store."""
-    with _remote(remote, workspace, create=False) as src:
+    with open_remote(remote, workspace, create=False) as src:
         return sync.pull(store, src, refs, force=force, message=message, progress=progress)

@@ -460,6 +460,26 @@ def test_killed_writer_process(tmp_path: Path) -> None:
     check_counter(backend, n + 5)
 
 
+def test_writer_killed_as_it_takes_the_lock(tmp_path: Path) -> None:
+    """A writer killed the moment its lock file exists leaves a lock naming it, so the next
+    writer breaks it at once (an empty lock would say "holder unknown" and block for a
+    minute, past the next writer's patience)."""
+    url = f"file://{tmp_path}/store"
+    backend = open_backend(url)
+    go = tmp_path / "go"
+    go.touch()
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, url, "counter", "1", str(tmp_path / "r"), str(go)],
+        cwd=REPO,
+        env={**os.environ, "MEDOMNI_TEST_CRASH": "lock:1"},
+        capture_output=True,
+    )
+    assert proc.returncode == -signal.SIGKILL
+    assert list((tmp_path / "store" / "refs").glob("*.lock"))  # it died holding the lock
+    assert increment(backend, "counter", 3) == 0
+    check_counter(backend, 3)
+
+
 # -- killed writers: fsspec ---------------------------------------------------------------------
 @pytest.fixture(params=["memory", "s3"])
 def fsspec_backend(request: pytest.FixtureRequest) -> FsspecBackend:

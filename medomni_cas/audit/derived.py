@@ -15,16 +15,21 @@ from medomni_cas.store.backends.memory import MemoryBackend
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.store.store import Store
 
-__all__ = ["check_answer_columns"]
+__all__ = ["check_answer_column_ids", "check_answer_columns"]
 
 
 def check_answer_columns(store: Store, result: ObjectId) -> list[str]:
     """One line per answer columns of ``result`` that are not what its answer keys give."""
-    res = store.get(result, Result)
+    return check_answer_column_ids(store, store.get(result, Result).answer_columns)
+
+
+def check_answer_column_ids(store: Store, ids: tuple[ObjectId, ...]) -> list[str]:
+    """One line per answer columns of ``ids`` (a result's, a comparison's) that are not
+    what their answer keys give."""
     scratch = Store(MemoryBackend())
     truths: Truths = {}
     problems = []
-    for aid in res.answer_columns:
+    for aid in ids:
         kept = store.get(aid, AnswerColumns)
         key = arm_rows(store, kept.set_build, kept.arm, kept.arm_variant)
         made = make_answer_columns(store, key, truths, sink=scratch)

@@ -38,8 +38,10 @@ from collections.abc import Callable
 import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label, short
-from medomni_cas.audit.derived import check_answer_columns
+from medomni_cas.audit.derived import check_answer_column_ids, check_answer_columns
+from medomni_cas.audit.recompare import check_comparison
 from medomni_cas.audit.rederive import ScoreProblem, check_score
+from medomni_cas.bench.comparisons import Comparison
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
 from medomni_cas.errors import IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
@@ -154,7 +156,7 @@ def verify_result(
     again from its answer keys (`medomni_cas.audit.derived`) and its score from its jobs
     (`medomni_cas.audit.rederive`), as `medomni audit verify` does."""
     root = store.resolve(result)
-    _check_root(store, root, result)
+    kind = _check_root(store, root, result)
     t0 = time.perf_counter()
     found = walk_checked(store, [root], canonical=canonical, jobs=jobs, progress=progress)
     seconds = time.perf_counter() - t0
@@ -169,8 +171,16 @@ def verify_result(
             for oid, bad in named.bad.items()
         ]
     # the answers it was scored against, made again (only over a sound closure)
-    remade = check_answer_columns(store, root) if derived and not problems else []
-    score = check_score(store, root) if derived and not problems else None
+    remade: list[str] = []
+    score = None
+    if derived and not problems and kind == Comparison.__kind__:
+        # a comparison between arms: computed again by the comparer's own check
+        compared = store.get(root, Comparison)
+        remade = check_answer_column_ids(store, compared.answer_columns)
+        score = check_comparison(store, root, compared)
+    elif derived and not problems:
+        remade = check_answer_columns(store, root)
+        score = check_score(store, root)
     forged = score.problems if score is not None else []
     return VerifyReport(
         result=root.hex(),
@@ -189,14 +199,16 @@ def verify_result(
     )
 
 
-def _check_root(store: Store, root: ObjectId, spec: str | ObjectId) -> None:
-    """Refuse a sound root that is not a result; a damaged one is the walk's to report."""
+def _check_root(store: Store, root: ObjectId, spec: str | ObjectId) -> str:
+    """Refuse a sound root that is not a result (or a comparison); a damaged one is the
+    walk's to report. Returns its kind ("" when it cannot be read)."""
     try:
         kind, _ = encoding.kind_of(store.get_raw(root))
     except (NotFound, IntegrityError, InvalidObject):
-        return
-    if kind != Result.__kind__:
+        return ""
+    if kind not in (Result.__kind__, Comparison.__kind__):
         raise AuditError(f"{spec} is a {kind} object ({root.hex()}), not a result")
+    return kind
 
 
 # -- naming -------------------------------------------------------------------------------------
@@ -233,6 +245,7 @@ _NOUNS = {
     "medomni.answer-key": "answer key",
     "medomni.prediction": "prediction record",
     "medomni.result": "result",
+    "medomni.comparison": "comparison",
 }
 
 
@@ -266,6 +279,8 @@ class _Namer:
         match body:
             case Result():
                 return f"result {s}"
+            case Comparison():
+                return f"comparison {s}"
             case JobRecord():
                 return f"job {body.name}"
             case RunRecord():

@@ -47,6 +47,17 @@ _RESULT = "a set name (its latest score), an id, a unique prefix or a ref name"
 def cmd_show(args: argparse.Namespace) -> int:
     """The provenance tree of a result (a summary; ``--runs`` lists every run)."""
     with open_store(args) as store:
+        found = porcelain.find_comparison(store, args.result)
+        if found is not None:
+            from medomni_cas.bench.contrasts import comparison_lines
+
+            cid, record = found
+            emit(
+                args,
+                to_builtins({"comparison": cid, **to_builtins(record)}),
+                comparison_lines(cid, record),
+            )
+            return EXIT_OK
         p = porcelain.provenance(store, args.result, runs=args.runs)
     emit(args, to_builtins(p), provenance_text(p))
     return EXIT_OK

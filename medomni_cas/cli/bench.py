@@ -199,6 +199,34 @@ def cmd_score(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Paired contrasts between arms; write comparisons.json/.parquet and the plots."""
+    from medomni_cas.bench.contrasts import comparison_lines, contrast_dicts
+
+    out = workspace_folders().results(args.name, args.out)
+    with open_store(args) as store:
+        report = porcelain.compare(
+            store,
+            args.name,
+            arms=args.arms,
+            agents=args.agent,
+            n_boot=args.n_boot,
+            seed=args.seed,
+            out=out,
+            plots=not args.no_plots,
+        )
+    record = report.compared.record
+    lines = comparison_lines(report.comparison, record)
+    lines.append("wrote " + ", ".join(str(p) for p in report.files))
+    data = {
+        "comparison": report.comparison,
+        "files": [str(p) for p in report.files],
+        "rows": contrast_dicts(record.rows),
+    }
+    emit(args, to_builtins(data), lines)
+    return EXIT_OK
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """Read a run folder's records into the store (each re-hashed against its id)."""
     with open_store(args, create=True) as store:
@@ -364,3 +392,25 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     c.add_argument("config", metavar="CONFIG", help="a name under bench/agents/ or a YAML file")
     c.add_argument("--bench", metavar="DIR", help="bench folder (default: the workspace's)")
     c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="for the request")
+
+    m = add_command(
+        verbs, "compare", cmd_compare, "paired contrasts between arms, with intervals and tests"
+    )
+    m.add_argument("name", metavar="BENCHMARK/SET")
+    m.add_argument(
+        "--arms",
+        nargs=2,
+        metavar=("A", "B"),
+        help="one contrast, A - B (arm labels such as encoders, modality-ladder.r2); default: "
+        "encoders - no-perception, encoders-required - encoders, and each ladder rung against "
+        "the one before and against r1",
+    )
+    m.add_argument("--agent", action="append", help="only this agent config (repeatable)")
+    m.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where comparisons.json/.parquet and the plots go (default: results/<set>/)",
+    )
+    m.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--no-plots", action="store_true", help="write no PNG/SVG plots")

@@ -489,7 +489,11 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """Fetch refs (default: all) and the objects they reach that this store lacks."""
-    with open_store(args, create=True) as local:
+    # the remote first: a pull from a mistyped remote must not leave a new empty local store
+    with (
+        porcelain.open_remote(args.remote, ".", create=False) as remote,
+        open_store(args, create=True) as local,
+    ):
         return _sync(
             args,
             "pull",
@@ -497,7 +501,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             lambda r: f"pull from {r.src}",
             lambda cb: porcelain.pull(
                 local,
-                args.remote,
+                remote,
                 args.refs or None,
                 force=_forced(args),
                 message=args.message,

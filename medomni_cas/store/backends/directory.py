@@ -4,7 +4,8 @@ Layout of ``PATH/``::
 
     objects/ab/cdef…     one file per object, fan-out by the first two hex characters
     refs/<name>          one file per ref; the name percent-encoded into one flat file name
-    refs/<name>.lock     held while a ref is updated (O_CREAT|O_EXCL; holds "pid host");
+    refs/<name>.lock     held while a ref is updated (made by hard-linking a finished
+                         file holding "pid host", so it never appears empty);
                          broken when its holder's pid is dead on this host, or after
                          LOCK_STALE_AFTER seconds when the holder cannot be checked
     logs/<name>          the ref's history: 4-byte big-endian length + entry, appended
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from medomni_cas.store._crash import crash_point
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import (
     decode_ref_name,
@@ -355,7 +357,6 @@ class DirectoryBackend(Backend):
         lock = self._refs / f"{encoded}.lock"
         fd = self._acquire(name, lock)
         try:
-            os.write(fd, f"{os.getpid()} {self._host}\n".encode())
             yield
         finally:
             mine = os.fstat(fd).st_ino
@@ -366,13 +367,29 @@ class DirectoryBackend(Backend):
                     lock.unlink()
 
     def _acquire(self, name: str, lock: Path) -> int:
+        """Take ``lock``; return an open descriptor of it (its inode says whose it is)."""
         deadline = time.monotonic() + LOCK_TIMEOUT
         delay = 0.0005
+        holder = f"{os.getpid()} {self._host}\n".encode()
         while True:
+            # the lock appears with its holder written (a hard link of a finished file), so a
+            # writer killed as it takes the lock leaves one the next writer can judge, never
+            # an empty one ("holder unknown", which only time may break)
+            draft = lock.parent / f"{TMP_PREFIX}lock-{secrets.token_hex(6)}"
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                return os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.write(fd, holder)
+                os.link(draft, lock)
             except FileExistsError:
-                pass
+                os.close(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            else:
+                crash_point("lock")
+                return fd
+            finally:
+                draft.unlink()
             if self._break_if_stale(lock):
                 continue
             if time.monotonic() > deadline:

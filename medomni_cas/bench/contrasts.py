@@ -1,0 +1,886 @@
+"""Paired contrasts between arms of one task set: the comparer behind ``medomni bench compare``.
+
+For each contrast ``a - b`` (two arm labels), agent, pair and target, the template's metric
+under ``a`` minus under ``b`` on the same patients, with a paired bootstrap interval and a
+paired test (`medomni_cas.bench.paired_stats`), stored as a `Comparison`.
+
+Pairing is proved, not assumed
+    A patient is paired only when both arms hold them and, for two arms of the same
+    patients (``kind`` "arms"), their atom tasks' evidence trees are the same object, or,
+    for two rungs of the ladder (``kind`` "ladder", where each rung stages other families,
+    so evidence differs by design), the atoms' builds share the content (the ladder
+    cohort); and the answer key gives both the same answer. Every other patient is left
+    out and counted by reason (``excluded_why``). Jobs of different task sets are never
+    compared (`CompareError`, naming both); a contrast whose runs were built under a config
+    hash other than their arm's is flagged (``config_flag``).
+
+Repetitions
+    A patient's repetitions (one job each) are pooled: the metric is over every row of the
+    paired patients, and the bootstrap resamples patients with all their rows.
+
+Defaults
+    encoders - no-perception, encoders-required - encoders, each ladder rung against the
+    one before (r2 - r1 … r6 - r5) and each later one against r1, among the arms the jobs
+    hold (`default_contrasts`).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from medomni_cas.bench.columns import Truths, arm_rows
+from medomni_cas.bench.comparisons import Comparison, ContrastRow, comparison_ref
+from medomni_cas.bench.metrics import METRICS
+from medomni_cas.bench.paired_stats import (
+    holm,
+    mcnemar_exact,
+    percentile_interval,
+    resample_sums,
+    wilcoxon,
+)
+from medomni_cas.bench.records import AgentConfig, JobRecord
+from medomni_cas.bench.scorer import _Answers, _answers, _predictions
+from medomni_cas.errors import InvalidObject, MedomniError
+from medomni_cas.store import encoding
+from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.store import Store
+from medomni_cas.studio.arms import arm_label
+from medomni_cas.studio.records import AtomTask, BuildConfig, Content, SetBuild
+from medomni_cas.studio.schema import LADDER_ARM
+
+__all__ = [
+    "COMPARER",
+    "COMPARER_VERSION",
+    "CONTRAST_SCHEMA",
+    "CompareError",
+    "Compared",
+    "Contrast",
+    "DerivedComparison",
+    "compare_jobs",
+    "comparison_lines",
+    "contrast_dicts",
+    "default_contrasts",
+    "derive_comparison",
+    "parse_contrast",
+    "rows_table",
+    "write_comparisons",
+]
+
+COMPARER = "medomni-compare"
+COMPARER_VERSION = "1.0.0"
+ALPHA = 0.05
+
+
+class CompareError(MedomniError, ValueError):
+    """Jobs that cannot be compared: of different task sets, or no arm to compare."""
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """``a - b``: two arm labels, and how their patients pair ("arms" or "ladder")."""
+
+    a: str
+    b: str
+
+    @property
+    def kind(self) -> str:
+        ladder = LADDER_ARM + "."
+        return "ladder" if self.a.startswith(ladder) and self.b.startswith(ladder) else "arms"
+
+    def __str__(self) -> str:
+        return f"{self.a} - {self.b}"
+
+
+def parse_contrast(a: str, b: str) -> Contrast:
+    if a == b:
+        raise CompareError(f"--arms {a} {b}: an arm compared with itself")
+    return Contrast(a, b)
+
+
+def default_contrasts(labels: Sequence[str]) -> list[Contrast]:
+    """The contrasts a user reads first, among ``labels`` (arm labels in the set build's
+    order): encoders - no-perception, encoders-required - encoders, and the ladder's rungs,
+    each against the one before and against the first."""
+    have = list(dict.fromkeys(labels))
+    out = [
+        Contrast(a, b)
+        for a, b in (("encoders", "no-perception"), ("encoders-required", "encoders"))
+        if a in have and b in have
+    ]
+    rungs = [x for x in have if x.startswith(LADDER_ARM + ".")]
+    out += [Contrast(rungs[i], rungs[i - 1]) for i in range(1, len(rungs))]
+    out += [Contrast(r, rungs[0]) for r in rungs[2:]]
+    return out
+
+
+# -- what is read --------------------------------------------------------------------------
+class _AtomView(encoding.View):
+    """What pairing needs of an atom task: its patient and evidence tree."""
+
+    __kind__ = AtomTask.__kind__
+    __version__ = AtomTask.__version__
+
+    patient: str
+    evidence: ObjectId
+
+
+class _PatientsView(encoding.View):
+    __kind__ = Content.__kind__
+    __version__ = Content.__version__
+
+    patients: tuple[str, ...]
+
+
+@dataclass
+class _Group:
+    """One job's rows of one (pair, target), in its arm's key order (cohort order)."""
+
+    patients: tuple[str, ...]
+    atoms: bytes
+    content: ObjectId
+    config: ObjectId
+    metric: str
+    numeric: bool
+    truth: pa.Array
+    pred: pa.Array
+    run_configs: frozenset[str]
+    families: tuple[str, ...]
+    ran: list[bool]  # whether each row's slot has a final run
+
+
+@dataclass
+class _Side:
+    """One agent under one arm label: its jobs (repetitions) and their groups."""
+
+    agent: str
+    label: str
+    jobs: list[ObjectId] = field(default_factory=list)
+    groups: dict[tuple[str, str], list[_Group]] = field(default_factory=dict)
+
+
+class _Reader:
+    """Reads jobs' columns, answer columns, keys and atoms, each once."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.truths: Truths = {}
+        self.answers: dict[tuple[ObjectId, str, str], _Answers] = {}
+        self.patients: dict[ObjectId, tuple[str, ...]] = {}
+        self.evidence: dict[bytes, ObjectId] = {}
+        self.families: dict[ObjectId, tuple[str, ...]] = {}
+
+    def arm_answers(self, build: ObjectId, arm: str, variant: str) -> _Answers:
+        k = (build, arm, variant)
+        if k not in self.answers:
+            self.answers[k] = _answers(self.store, build, arm, variant, self.truths)
+        return self.answers[k]
+
+    def content_patients(self, content: ObjectId) -> tuple[str, ...]:
+        if content not in self.patients:
+            raw = self.store.get_raw(content)
+            self.patients[content] = encoding.decode_view(raw, _PatientsView).patients
+        return self.patients[content]
+
+    def config_families(self, config: ObjectId) -> tuple[str, ...]:
+        if config not in self.families:
+            defn = self.store.get(config, BuildConfig).arm_definition
+            self.families[config] = tuple(str(f) for f in defn.get("families", ()))
+        return self.families[config]
+
+    def atom_evidence(self, atoms: bytes) -> list[ObjectId]:
+        """The evidence tree of each atom of ``atoms`` (32-byte ids concatenated)."""
+        ids = [atoms[i : i + 32] for i in range(0, len(atoms), 32)]
+        want = [ObjectId(a) for a in dict.fromkeys(ids) if a not in self.evidence]
+        for oid, raw in self.store.get_raw_many(want):
+            try:
+                self.evidence[bytes(oid)] = encoding.decode_view(raw, _AtomView).evidence
+            except InvalidObject as e:
+                raise InvalidObject(f"atom task {oid}: {e}") from None
+        return [self.evidence[a] for a in ids]
+
+    def job_groups(self, job: JobRecord) -> list[tuple[tuple[str, str], _Group]]:
+        answers = self.arm_answers(job.set_build, job.arm, job.arm_variant)
+        key = arm_rows(self.store, job.set_build, job.arm, job.arm_variant)
+        preds = _predictions(self.store, job, answers)
+        out = []
+        for g, k in zip(answers.record.groups, key.groups, strict=True):
+            if (g.pair, g.target, g.start, g.stop) != (k.entry.pair, k.target, k.start, k.stop):
+                raise CompareError(
+                    f"answer columns of {arm_label(job.arm, job.arm_variant)} do not follow "
+                    f"the set build's key at {g.pair} {g.target}"
+                )
+            n = g.stop - g.start
+            if g.numeric:
+                truth, pred = answers.truth_num, preds.value_num
+            else:
+                truth, pred = answers.truth_text, preds.value_text
+            truth = truth.slice(g.start, n)
+            pred = pa.nulls(n, truth.type) if pred is None else pred.slice(g.start, n)
+            configs: frozenset[str] = frozenset()
+            if preds.config is not None:
+                seen = pc.unique(preds.config.slice(g.start, n)).to_pylist()
+                configs = frozenset(c for c in seen if c)
+            out.append(
+                (
+                    (g.pair, g.target),
+                    _Group(
+                        patients=self.content_patients(k.content),
+                        atoms=k.atoms,
+                        content=k.content,
+                        config=g.config,
+                        metric=g.metric,
+                        numeric=g.numeric,
+                        truth=truth,
+                        pred=pred,
+                        run_configs=configs,
+                        families=self.config_families(g.config),
+                        ran=preds.status.slice(g.start, n).is_valid().to_pylist(),
+                    ),
+                )
+            )
+        return out
+
+
+# -- pairing -------------------------------------------------------------------------------
+@dataclass
+class _Pairing:
+    patients: list[str]
+    excluded: dict[str, int]
+
+
+_NEVER = object()  # a patient's slot never ran under a side (in some repetition)
+
+
+def _side_facts(
+    reader: _Reader, groups: list[_Group], ladder: bool
+) -> dict[str, tuple[object, object]]:
+    """Each patient of a side: (what pairs them: evidence or content, their answer); in
+    the first place None when the side's repetitions disagree on it, `_NEVER` when one of
+    them has no final run for the patient."""
+    facts: dict[str, tuple[object, object]] = {}
+    for g in groups:
+        proof: list[object] = (
+            [g.content] * len(g.patients) if ladder else list(reader.atom_evidence(g.atoms))
+        )
+        truths = g.truth.to_pylist()
+        for p, e, t, ran in zip(g.patients, proof, truths, g.ran, strict=True):
+            got = facts.get(p)
+            if got is not None and got[0] is _NEVER:
+                continue
+            if not ran:
+                facts[p] = (_NEVER, t)
+            elif got is None:
+                facts[p] = (e, t)
+            elif got != (e, t):
+                facts[p] = (None, got[1])
+    return facts
+
+
+def _pair(reader: _Reader, a: list[_Group], b: list[_Group], ladder: bool) -> _Pairing:
+    fa, fb = _side_facts(reader, a, ladder), _side_facts(reader, b, ladder)
+    what = "cohort content" if ladder else "evidence"
+    excluded: dict[str, int] = {}
+
+    def out(reason: str) -> None:
+        excluded[reason] = excluded.get(reason, 0) + 1
+
+    paired = []
+    for p, (ea, ta) in fa.items():
+        got = fb.get(p)
+        if got is None:
+            out("only under a")
+        elif ea is _NEVER or got[0] is _NEVER:
+            out("never run under " + ("a" if ea is _NEVER else "b"))
+        elif ea is None or got[0] is None:
+            out(f"{what} differs between repetitions")
+        elif ea != got[0]:
+            out(f"{what} differs")
+        elif ta != got[1]:
+            out("answer differs")
+        else:
+            paired.append(p)
+    for p in fb:
+        if p not in fa:
+            out("only under b")
+    return _Pairing(paired, dict(sorted(excluded.items())))
+
+
+# -- per-patient statistics ----------------------------------------------------------------
+def _codes(array: pa.Array, vocab: dict[str, int]) -> np.ndarray:
+    """Each row's label as its code in ``vocab`` (grown as needed), -1 for a null."""
+    if pa.types.is_null(array.type):
+        return np.full(len(array), -1, dtype=np.intp)
+    enc = pc.dictionary_encode(array)
+    labels = enc.dictionary.to_pylist()
+    remap = np.array([vocab.setdefault(label, len(vocab)) for label in labels] + [-1])
+    idx = pc.fill_null(enc.indices, len(labels)).to_numpy(zero_copy_only=False)
+    return remap[idx.astype(np.intp)]
+
+
+@dataclass
+class _Stats:
+    """A side's per-patient sums over its repetitions, for the paired patients in order."""
+
+    matrix: np.ndarray  # [n, m]: the metric's statistics (see `_metric_stats`)
+    per_patient: np.ndarray  # [n]: correctness rate, or mean absolute error (NaN: none)
+    reps: int
+    single: bool  # every paired patient has exactly one row
+
+
+def _positions(groups: list[_Group], patients: list[str]) -> list[np.ndarray]:
+    cache: dict[int, np.ndarray] = {}
+    out = []
+    for g in groups:
+        pos = cache.get(id(g.patients))
+        if pos is None:
+            where = {p: i for i, p in enumerate(g.patients)}
+            pos = np.array([where.get(p, -1) for p in patients], dtype=np.intp)
+            cache[id(g.patients)] = pos
+        out.append(pos)
+    return out
+
+
+def _class_stats(
+    metric: str, groups: list[_Group], positions: list[np.ndarray], vocab: dict[str, int], k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(matrix, correct, rows)`` summed over ``groups``: matrix columns ``[correct, rows]``
+    then, for the macro metrics, true positives, support and predictions by class."""
+    n = len(positions[0]) if positions else 0
+    macro = metric in ("macro_f1", "balanced_accuracy")
+    width = 2 + (3 * k if metric == "macro_f1" else 2 * k if macro else 0)
+    total = np.zeros((n, width))
+    for g, pos in zip(groups, positions, strict=True):
+        have = pos >= 0
+        rows = pos[have]
+        t = _codes(g.truth, vocab)[rows]
+        p = _codes(g.pred, vocab)[rows]
+        right = (p == t) & (p >= 0)
+        block = np.zeros((len(rows), width))
+        block[:, 0] = right
+        block[:, 1] = 1.0
+        if macro:
+            r = np.arange(len(rows))
+            block[r[right], 2 + t[right]] = 1.0
+            block[r, 2 + k + t] = 1.0
+            if metric == "macro_f1":
+                answered = p >= 0
+                block[r[answered], 2 + 2 * k + p[answered]] = 1.0
+        total[np.flatnonzero(have)] += block
+    return total, total[:, 0], total[:, 1]
+
+
+def _num_stats(
+    groups: list[_Group], positions: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(matrix, abs_err_sum, answered)``: matrix columns ``[|err|, err², answered, rows]``."""
+    n = len(positions[0]) if positions else 0
+    total = np.zeros((n, 4))
+    for g, pos in zip(groups, positions, strict=True):
+        have = pos >= 0
+        rows = pos[have]
+        t = g.truth.cast(pa.float64()).to_numpy(zero_copy_only=False)[rows]
+        p = g.pred.cast(pa.float64()).to_numpy(zero_copy_only=False)[rows]
+        answered = np.isfinite(p)
+        err = np.abs(np.where(answered, p - t, 0.0))
+        total[np.flatnonzero(have)] += np.stack(
+            [err, err * err, answered.astype(np.float64), np.ones(len(rows))], axis=1
+        )
+    return total, total[:, 0], total[:, 2]
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    num = np.asarray(num, dtype=np.float64)
+    return np.divide(num, den, out=np.full(num.shape, np.nan), where=den != 0)
+
+
+def _finalizer(metric: str, k: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The metric from summed statistics, ``[b, m]`` -> ``[b]`` (NaN where undefined); the
+    same definitions as `medomni_cas.bench.metrics`."""
+    if metric == "accuracy":
+        return lambda s: _ratio(s[:, 0], s[:, 1])
+    if metric == "balanced_accuracy":
+
+        def balanced(s: np.ndarray) -> np.ndarray:
+            tp, support = s[:, 2 : 2 + k], s[:, 2 + k : 2 + 2 * k]
+            present = support > 0
+            recall = np.divide(tp, support, out=np.zeros(support.shape), where=present)
+            return _ratio(recall.sum(axis=1), present.sum(axis=1))
+
+        return balanced
+    if metric == "macro_f1":
+
+        def f1(s: np.ndarray) -> np.ndarray:
+            tp = s[:, 2 : 2 + k]
+            den = s[:, 2 + k : 2 + 2 * k] + s[:, 2 + 2 * k : 2 + 3 * k]
+            present = den > 0
+            per = np.divide(2.0 * tp, den, out=np.zeros(den.shape), where=present)
+            return _ratio(per.sum(axis=1), present.sum(axis=1))
+
+        return f1
+    if metric == "mae":
+        return lambda s: _ratio(s[:, 0], s[:, 2])
+    if metric == "rmse":
+        return lambda s: np.sqrt(_ratio(s[:, 1], s[:, 2]))
+    raise CompareError(f"metric {metric!r} has no paired contrast (known: {', '.join(METRICS)})")
+
+
+def _clean(x: float) -> float | None:
+    x = float(x)
+    return x + 0.0 if np.isfinite(x) else None
+
+
+# -- one contrast row ----------------------------------------------------------------------
+@dataclass
+class _Task:
+    """A contrast row being computed: its statistics, waiting for the bootstrap."""
+
+    agent: str
+    contrast: Contrast
+    pair: str
+    target: str
+    metric: str
+    pairing: _Pairing
+    a: _Stats
+    b: _Stats
+    finish: Callable[[np.ndarray], np.ndarray]
+    numeric: bool
+    config_a: str
+    config_b: str
+    config_flag: str
+    families_a: tuple[str, ...]
+    families_b: tuple[str, ...]
+
+
+def _stats(
+    metric: str, numeric: bool, groups: list[_Group], patients: list[str], vocab: dict[str, int]
+) -> _Stats:
+    positions = _positions(groups, patients)
+    if numeric:
+        matrix, abs_sum, answered = _num_stats(groups, positions)
+        per = _ratio(abs_sum, answered)
+        rows = matrix[:, 3]
+    else:
+        matrix, correct, rows = _class_stats(metric, groups, positions, vocab, len(vocab))
+        per = _ratio(correct, rows)
+    return _Stats(matrix, per, len(groups), bool(len(rows)) and bool(np.all(rows == 1)))
+
+
+def _config_flag(label: str, groups: list[_Group]) -> str:
+    own = {g.config.hex() for g in groups}
+    runs = set().union(*(g.run_configs for g in groups)) - own
+    notes = []
+    if len(own) > 1:
+        notes.append(f"{label}'s jobs were built under {len(own)} config hashes")
+    if runs:
+        shown = ", ".join(c[:12] for c in sorted(runs))
+        notes.append(f"runs of {label} built under another config hash: {shown}")
+    return "; ".join(notes)
+
+
+def _task(
+    reader: _Reader, agent: str, contrast: Contrast, key: tuple[str, str], a: _Side, b: _Side
+) -> _Task | None:
+    ga, gb = a.groups[key], b.groups[key]
+    metric = ga[0].metric
+    numeric = ga[0].numeric
+    if gb[0].metric != metric or gb[0].numeric != numeric:
+        return None  # not the same target: nothing to contrast
+    ladder = contrast.kind == "ladder"
+    pairing = _pair(reader, ga, gb, ladder)
+    vocab: dict[str, int] = {}
+    if not numeric:  # one vocabulary for both arms, before either side's statistics
+        for g in (*ga, *gb):
+            _codes(g.truth, vocab)
+            _codes(g.pred, vocab)
+    sa = _stats(metric, numeric, ga, pairing.patients, vocab)
+    sb = _stats(metric, numeric, gb, pairing.patients, vocab)
+    flags = [f for f in (_config_flag(a.label, ga), _config_flag(b.label, gb)) if f]
+    return _Task(
+        agent=agent,
+        contrast=contrast,
+        pair=key[0],
+        target=key[1],
+        metric=metric,
+        pairing=pairing,
+        a=sa,
+        b=sb,
+        finish=_finalizer(metric, len(vocab)),
+        numeric=numeric,
+        config_a=ga[0].config.hex(),
+        config_b=gb[0].config.hex(),
+        config_flag="; ".join(flags),
+        families_a=ga[0].families,
+        families_b=gb[0].families,
+    )
+
+
+def _test(t: _Task) -> tuple[str, float | None, float | None, int, int, int]:
+    """(test, statistic, p, discordant, a better, b better) on per-patient values."""
+    pa_, pb_ = t.a.per_patient, t.b.per_patient
+    if not len(pa_):
+        return "", None, None, 0, 0, 0
+    both = np.isfinite(pa_) & np.isfinite(pb_)
+    d = pa_[both] - pb_[both]
+    if t.numeric:
+        d = -d  # a lower absolute error is better
+    a_better, b_better = int(np.count_nonzero(d > 0)), int(np.count_nonzero(d < 0))
+    discordant = a_better + b_better
+    if not t.numeric and t.a.single and t.b.single:
+        p = mcnemar_exact(a_better, b_better)
+        return "mcnemar-exact", None, p, discordant, a_better, b_better
+    if not both.any():
+        return "", None, None, 0, 0, 0
+    stat, p = wilcoxon(pa_[both] - pb_[both])
+    return "wilcoxon", stat, p, discordant, a_better, b_better
+
+
+def _finish(tasks: list[_Task], n_boot: int, seed: int) -> list[ContrastRow]:
+    """Bootstrap every task (tasks of the same number of patients share the resamples and
+    one matrix product), test each, adjust the p-values together."""
+    by_n: dict[int, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by_n.setdefault(len(t.pairing.patients), []).append(i)
+    boot: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for n, idx in by_n.items():
+        if n < 2 or n_boot <= 0:
+            continue
+        blocks = [m for i in idx for m in (tasks[i].a.matrix, tasks[i].b.matrix)]
+        sums = resample_sums(np.concatenate(blocks, axis=1), n_boot, seed)
+        col = 0
+        for i in idx:
+            wa, wb = tasks[i].a.matrix.shape[1], tasks[i].b.matrix.shape[1]
+            boot[i] = (
+                tasks[i].finish(sums[:, col : col + wa]),
+                tasks[i].finish(sums[:, col + wa : col + wa + wb]),
+            )
+            col += wa + wb
+    rows = []
+    for i, t in enumerate(tasks):
+        va = _clean(t.finish(t.a.matrix.sum(axis=0)[None])[0]) if len(t.pairing.patients) else None
+        vb = _clean(t.finish(t.b.matrix.sum(axis=0)[None])[0]) if len(t.pairing.patients) else None
+        diff = None if va is None or vb is None else _clean(va - vb)
+        lo = hi = alo = ahi = blo = bhi = None
+        if i in boot and diff is not None:
+            ra, rb = boot[i]
+            lo, hi = percentile_interval(ra - rb, ALPHA)
+            alo, ahi = percentile_interval(ra, ALPHA)
+            blo, bhi = percentile_interval(rb, ALPHA)
+        test, stat, p, discordant, a_better, b_better = _test(t)
+        rows.append(
+            ContrastRow(
+                agent=t.agent,
+                kind=t.contrast.kind,
+                a=t.contrast.a,
+                b=t.contrast.b,
+                pair=t.pair,
+                target=t.target,
+                metric=t.metric,
+                higher_is_better=METRICS[t.metric].higher_is_better,
+                value_a=va,
+                value_b=vb,
+                difference=diff,
+                ci_low=lo,
+                ci_high=hi,
+                a_ci_low=alo,
+                a_ci_high=ahi,
+                b_ci_low=blo,
+                b_ci_high=bhi,
+                patients=len(t.pairing.patients),
+                reps_a=t.a.reps,
+                reps_b=t.b.reps,
+                excluded=sum(t.pairing.excluded.values()),
+                excluded_why=t.pairing.excluded,
+                test=test,
+                statistic=stat,
+                p_value=p,
+                discordant=discordant,
+                a_better=a_better,
+                b_better=b_better,
+                config_a=t.config_a,
+                config_b=t.config_b,
+                config_flag=t.config_flag,
+                families_a=t.families_a,
+                families_b=t.families_b,
+            )
+        )
+    adjusted = holm([r.p_value for r in rows])
+    return [msgspec.structs.replace(r, p_holm=q) for r, q in zip(rows, adjusted, strict=True)]
+
+
+# -- the comparison ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DerivedComparison:
+    """A comparison as computed from jobs, before anything is stored: what `compare_jobs`
+    stores, and what ``audit verify`` computes again to compare."""
+
+    task_set: ObjectId
+    set_build: ObjectId
+    rows: tuple[ContrastRow, ...]
+    jobs: tuple[ObjectId, ...]
+    answer_keys: tuple[ObjectId, ...]
+    answer_columns: tuple[ObjectId, ...]
+
+
+def _labels(store: Store, set_build: ObjectId) -> list[str]:
+    sb = store.get(set_build, SetBuild)
+    return list(dict.fromkeys(arm_label(e.arm, e.arm_variant) for e in sb.entries))
+
+
+def derive_comparison(
+    store: Store,
+    jobs: Sequence[ObjectId],
+    *,
+    contrasts: Sequence[tuple[str, str]] = (),
+    agents: Sequence[str] = (),
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> DerivedComparison:
+    """Compare the arms of ``jobs`` (all of one task set): ``contrasts`` as (a, b) arm
+    labels, else `default_contrasts`; for ``agents`` (names), else every agent of the jobs."""
+    records = [(j, store.get(j, JobRecord)) for j in dict.fromkeys(jobs)]
+    if not records:
+        raise CompareError("no jobs to compare: run the set first (`medomni bench run`)")
+    sets = sorted({r.task_set for _, r in records})
+    if len(sets) > 1:
+        raise CompareError(
+            "these jobs come from different task sets ("
+            + " and ".join(s.hex() for s in sets)
+            + "): arms of different task set hashes are never compared"
+        )
+    names = {r.agent_config: store.get(r.agent_config, AgentConfig).name for _, r in records}
+    if agents:
+        unknown = [a for a in agents if a not in names.values()]
+        if unknown:
+            raise CompareError(f"no job of agent {unknown[0]!r} to compare")
+    set_build = records[-1][1].set_build
+    labels = _labels(store, set_build)
+    held = {arm_label(r.arm, r.arm_variant) for _, r in records}
+    if contrasts:
+        chosen = [parse_contrast(a, b) for a, b in contrasts]
+        for c in chosen:
+            for label in (c.a, c.b):
+                if label not in labels:
+                    raise CompareError(
+                        f"the task set has no arm {label!r} (has: {', '.join(labels)})"
+                    )
+    else:
+        chosen = default_contrasts([x for x in labels if x in held])
+        if not chosen:
+            raise CompareError(
+                "no default contrast among the arms run ("
+                + ", ".join(sorted(held))
+                + "): name one with --arms A B"
+            )
+    wanted = {x for c in chosen for x in (c.a, c.b)}
+    reader = _Reader(store)
+    sides: dict[tuple[str, str], _Side] = {}
+    used: list[ObjectId] = []
+    for jid, r in records:
+        label = arm_label(r.arm, r.arm_variant)
+        agent = names[r.agent_config]
+        if label not in wanted or (agents and agent not in agents):
+            continue
+        side = sides.setdefault((agent, label), _Side(agent, label))
+        side.jobs.append(jid)
+        used.append(jid)
+        for key, group in reader.job_groups(r):
+            side.groups.setdefault(key, []).append(group)
+    tasks = []
+    for agent in sorted({a for a, _ in sides}):
+        for c in chosen:
+            a, b = sides.get((agent, c.a)), sides.get((agent, c.b))
+            if a is None or b is None:
+                continue
+            for key in sorted(set(a.groups) & set(b.groups)):
+                t = _task(reader, agent, c, key, a, b)
+                if t is not None:
+                    tasks.append(t)
+    if not tasks:
+        asked = ", ".join(str(c) for c in chosen)
+        raise CompareError(f"no agent has jobs of both arms of any contrast asked ({asked})")
+    rows = _finish(tasks, n_boot, seed)
+    answers = list(reader.answers.values())
+    return DerivedComparison(
+        task_set=sets[0],
+        set_build=set_build,
+        rows=tuple(rows),
+        jobs=tuple(used),
+        answer_keys=tuple(dict.fromkeys(k for a in answers for k in a.record.answer_keys)),
+        answer_columns=tuple(a.id for a in answers),
+    )
+
+
+# -- the table, the record, the files --------------------------------------------------------
+_F = pa.float64()
+CONTRAST_SCHEMA = pa.schema(
+    [
+        ("agent", pa.string()),
+        ("kind", pa.string()),
+        ("a", pa.string()),
+        ("b", pa.string()),
+        ("pair", pa.string()),
+        ("target", pa.string()),
+        ("metric", pa.string()),
+        ("higher_is_better", pa.bool_()),
+        ("value_a", _F),
+        ("value_b", _F),
+        ("difference", _F),
+        ("ci_low", _F),
+        ("ci_high", _F),
+        ("a_ci_low", _F),
+        ("a_ci_high", _F),
+        ("b_ci_low", _F),
+        ("b_ci_high", _F),
+        ("patients", pa.int64()),
+        ("reps_a", pa.int64()),
+        ("reps_b", pa.int64()),
+        ("excluded", pa.int64()),
+        ("excluded_why", pa.map_(pa.string(), pa.int64())),
+        ("test", pa.string()),
+        ("statistic", _F),
+        ("p_value", _F),
+        ("p_holm", _F),
+        ("discordant", pa.int64()),
+        ("a_better", pa.int64()),
+        ("b_better", pa.int64()),
+        ("config_a", pa.string()),
+        ("config_b", pa.string()),
+        ("config_flag", pa.string()),
+        ("families_a", pa.list_(pa.string())),
+        ("families_b", pa.list_(pa.string())),
+    ]
+)
+
+
+def contrast_dicts(rows: Sequence[ContrastRow]) -> list[dict[str, object]]:
+    """Contrast rows as plain dicts with every field (defaults too)."""
+    return [msgspec.to_builtins(msgspec.structs.asdict(r)) for r in rows]
+
+
+def rows_table(rows: Sequence[ContrastRow]) -> pa.Table:
+    """A comparison's rows as the table its Parquet blob holds (`CONTRAST_SCHEMA`)."""
+    data: dict[str, list[object]] = {f: [] for f in CONTRAST_SCHEMA.names}
+    for r in rows:
+        for f in CONTRAST_SCHEMA.names:
+            v = getattr(r, f)
+            data[f].append(list(v.items()) if isinstance(v, dict) else v)
+    return pa.table(data, schema=CONTRAST_SCHEMA)
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+@dataclass(frozen=True)
+class Compared:
+    comparison: ObjectId
+    record: Comparison
+    table: pa.Table
+
+
+def compare_jobs(
+    store: Store,
+    jobs: Sequence[ObjectId],
+    *,
+    contrasts: Sequence[tuple[str, str]] = (),
+    agents: Sequence[str] = (),
+    n_boot: int = 1000,
+    seed: int = 0,
+    set_name: str | None = None,
+) -> Compared:
+    """Compare the arms of ``jobs`` into a stored `Comparison` (see `derive_comparison`),
+    and move ``comparisons/<set>`` to it when ``set_name`` is given."""
+    d = derive_comparison(store, jobs, contrasts=contrasts, agents=agents, n_boot=n_boot, seed=seed)
+    table = rows_table(d.rows)
+    record = Comparison(
+        task_set=d.task_set,
+        set_build=d.set_build,
+        jobs=d.jobs,
+        answer_keys=d.answer_keys,
+        answer_columns=d.answer_columns,
+        comparer=COMPARER,
+        comparer_version=COMPARER_VERSION,
+        n_boot=n_boot,
+        seed=seed,
+        asked=tuple((a, b) for a, b in contrasts),
+        agents=tuple(agents),
+        rows=d.rows,
+        table=store.put_blob(_parquet(table)),
+    )
+    cid = store.put(record)
+    if set_name is not None:
+        ref = comparison_ref(set_name)
+        if store.refs.get(ref) != cid:
+            store.refs.update(ref, lambda _old: cid, message="compare")
+    return Compared(cid, record, table)
+
+
+def write_comparisons(compared: Compared, folder: Path) -> tuple[Path, Path]:
+    """``comparisons.json`` and ``comparisons.parquet`` in ``folder`` (one row a contrast)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    r = compared.record
+    doc = {
+        "comparison": compared.comparison.hex(),
+        "task_set": r.task_set.hex(),
+        "comparer": f"{r.comparer} {r.comparer_version}",
+        "n_boot": r.n_boot,
+        "seed": r.seed,
+        "rows": contrast_dicts(r.rows),
+    }
+    j = folder / "comparisons.json"
+    j.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+    p = folder / "comparisons.parquet"
+    meta = {b"medomni.comparison": compared.comparison.hex().encode()}
+    pq.write_table(compared.table.replace_schema_metadata(meta), p)
+    return j, p
+
+
+# -- text ------------------------------------------------------------------------------------
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _p(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def comparison_lines(cid: ObjectId, record: Comparison) -> list[str]:
+    """A comparison as the CLI prints it: one line a contrast, then its links."""
+    head = (
+        f"{'agent':<12} {'contrast':<40} {'pair':<28} {'metric':<9} {'a':>6} {'b':>6} "
+        f"{'a - b':>7}  {'95% CI':<17} {'test':<13} {'p':>7} {'p holm':>7}  n"
+    )
+    lines = [head]
+    for r in record.rows:
+        contrast = f"{r.a} - {r.b}"
+        ci = f"[{_num(r.ci_low)}, {_num(r.ci_high)}]"
+        line = (
+            f"{r.agent:<12} {contrast:<40} {r.pair:<28} {r.metric:<9} {_num(r.value_a):>6} "
+            f"{_num(r.value_b):>6} {_num(r.difference):>7}  {ci:<17} {r.test or '-':<13} "
+            f"{_p(r.p_value):>7} {_p(r.p_holm):>7}  {r.patients}"
+        )
+        if r.discordant:
+            line += f" ({r.discordant} discordant: {r.a_better} a, {r.b_better} b)"
+        if r.excluded:
+            why = ", ".join(f"{n} {w}" for w, n in r.excluded_why.items())
+            line += f"  excluded {r.excluded}: {why}"
+        if r.config_flag:
+            line += f"  ! {r.config_flag}"
+        lines.append(line)
+    lines.append(
+        f"comparison {cid.hex()}: {len(record.rows)} contrasts of {len(record.jobs)} jobs, "
+        f"{record.comparer} {record.comparer_version}, n_boot={record.n_boot} "
+        f"seed={record.seed}; p holm: Holm-adjusted over the {len(record.rows)} contrasts"
+    )
+    return lines
