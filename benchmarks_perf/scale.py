@@ -20,6 +20,7 @@ counts where its pages were read); "anon" is the peak of its anonymous pages alo
 (``RssAnon``, sampled every 10 ms from outside), what the process itself holds.
 
 ``--only OP`` (repeatable) runs some operations; ``--factors 1,4,16`` other sizes;
+``--size F`` makes 1x a fraction F of the full run's (a loaded machine);
 ``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
 of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table.
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
@@ -353,6 +354,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--only", choices=sorted(OPS), action="append", help="some operations")
     parser.add_argument("--factors", help="the sizes, as multiples of 1x (default 1,4,16)")
     parser.add_argument(
+        "--size", type=float, default=1.0, help="1x as this fraction of the full run's 1x"
+    )
+    parser.add_argument(
         "--baseline",
         action="store_true",
         help="also run verify and fsck with the spill bound lifted (all in memory)",
@@ -362,6 +366,13 @@ def main(argv: Sequence[str]) -> int:
     if args.child:
         return run_child(*args.child)
     sizes = QUICK if args.quick else FULL
+    if args.size != 1.0:
+        sizes = Sizes(
+            atoms_per_arm=max(1, round(sizes.atoms_per_arm * args.size)),
+            score_jobs=max(1, round(sizes.score_jobs * args.size)),
+            rows_per_job=sizes.rows_per_job,
+            patients=max(1, round(sizes.patients * args.size)),
+        )
     factors = [
         int(f) for f in (args.factors or (QUICK_FACTORS if args.quick else "1,4,16")).split(",")
     ]
@@ -371,7 +382,8 @@ def main(argv: Sequence[str]) -> int:
         f"machine: nproc={os.cpu_count()}, load {os.getloadavg()[0]:.2f}, python "
         f"{platform.python_version()}, lmdb {lmdb.version()}, {platform.platform()}"
     )
-    print(f"1x: {sizes}", flush=True)
+    bound = os.environ.get("MEDOMNI_SPILL_IDS")
+    print(f"1x: {sizes}; spill bound {bound or 'default (262,144 ids)'}", flush=True)
     start = time.perf_counter()
     results: dict[str, list[Measure]] = {}
     for op in OPS:

@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from itertools import filterfalse
+from itertools import compress, filterfalse, repeat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,7 +43,10 @@ DEFAULT_BOUND = 1 << 18
 _ENV = "MEDOMNI_SPILL_IDS"
 _FIRST_BYTE = operator.itemgetter(0)
 _MAP_SIZE = 1 << 40  # address space only: the file grows as ids are added
-_DROP_EVERY = 1 << 18  # ids added between two drops of the mapped pages
+_MARK = b"1"  # the value of each id's key (any; not empty, so that a get's answer is truthy)
+_COMMIT_EVERY = 1 << 16  # ids added per write transaction of a spilled set (its dirty
+# pages are held in memory until it commits: about the size of these ids' leaf pages)
+_DROP_EVERY = 1 << 16  # ids asked between two drops of the mapped pages
 
 
 def spill_bound() -> int:
@@ -69,6 +72,8 @@ class MarkSet:
         self._env: lmdb.Environment | None = None
         self._n = 0
         self._since_drop = 0
+        self._txn: lmdb.Transaction | None = None
+        self._pending = 0  # ids added in the open write transaction
 
     def __enter__(self) -> MarkSet:
         return self
@@ -89,8 +94,7 @@ class MarkSet:
         assert self._env is not None
         if not isinstance(key, bytes) or not key:
             return False
-        with self._env.begin() as txn:
-            return txn.get(key) is not None
+        return self._writing().get(key) is not None
 
     def unseen(self, ids: Iterable[bytes]) -> list[bytes]:
         """The ``ids`` not met before (each once, in the order of ``ids``), now met."""
@@ -100,10 +104,17 @@ class MarkSet:
                 self._spill()
             return new
         assert self._env is not None
-        fresh = dict.fromkeys(ids)
-        with self._env.begin(write=True) as txn:
-            put = txn.put
-            new = [k for k in fresh if put(k, b"", overwrite=False)]
+        fresh = list(dict.fromkeys(ids))
+        # two C-level passes, not a Python call per id: which are there, then the new
+        # ones added in key order (an append-like walk of the tree's pages)
+        txn = self._writing()
+        got = list(map(txn.get, fresh))
+        new = list(compress(fresh, map(operator.is_, got, repeat(None))))
+        if new:
+            txn.cursor().putmulti(zip(sorted(new), repeat(_MARK)), dupdata=False)
+            self._pending += len(new)
+            if self._pending >= _COMMIT_EVERY:
+                self._commit()
         self._n += len(new)
         self._dropped(len(fresh))
         return new
@@ -116,11 +127,9 @@ class MarkSet:
         if self._mem is not None:
             return list(filterfalse(self._mem.__contains__, keys))
         assert self._env is not None
-        with self._env.begin() as txn:
-            get = txn.get
-            out = [k for k in keys if get(k) is None]
+        got = list(map(self._writing().get, keys))
         self._dropped(len(keys))
-        return out
+        return list(compress(keys, map(operator.is_, got, repeat(None))))
 
     def _spill(self) -> None:
         assert self._mem is not None
@@ -138,9 +147,23 @@ class MarkSet:
         )
         keys = sorted(self._mem)  # appended in key order: dense pages, fast
         with self._env.begin(write=True) as txn:
-            txn.cursor().putmulti(((k, b"") for k in keys), append=True)
+            txn.cursor().putmulti(zip(keys, repeat(_MARK)), append=True)
         self._n = len(keys)
         self._mem = None
+
+    def _writing(self) -> lmdb.Transaction:
+        """The open write transaction (reads see its writes): one per `_COMMIT_EVERY` ids
+        added, not one per batch (a commit writes every page the batch touched)."""
+        if self._txn is None:
+            assert self._env is not None
+            self._txn = self._env.begin(write=True)
+        return self._txn
+
+    def _commit(self) -> None:
+        if self._txn is not None:
+            self._txn.commit()
+            self._txn = None
+        self._pending = 0
 
     def _dropped(self, n: int) -> None:
         self._since_drop += n
@@ -150,6 +173,9 @@ class MarkSet:
 
     def close(self) -> None:
         self._mem = set()
+        if self._txn is not None:
+            self._txn.abort()  # scratch: nothing to keep
+            self._txn = None
         if self._env is not None:
             self._env.close()
             self._env = None

@@ -52,7 +52,7 @@ BATCH = 4096
 MIN_LEVEL = 4 * BATCH
 _MAX_JOBS = 4  # beyond this the walk itself (new links, reports) is the bottleneck
 _IN_FLIGHT = 3  # batches a helper holds: it never idles while this process checks one
-_DROP_EVERY = 16  # batches checked between two drops of the store's mapped pages
+_DROP_EVERY = 1  # batches checked between two drops of the store's mapped pages
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 30
 _COMMAND = ("-m", "medomni_cas.store._fast.pool")  # run by this interpreter
@@ -245,6 +245,7 @@ class CheckPool:
         self._started = False
         #: helper processes that checked at least one batch (so far)
         self.helped = 0
+        self._checked = 0  # batches checked here, over every call
         self._findings = msgspec.msgpack.Decoder(Findings)
         self._ready = msgspec.msgpack.Decoder(Ready)
 
@@ -280,7 +281,6 @@ class CheckPool:
             batches = _Lazy(keys)
         if not owners and (count or 0) >= MIN_LEVEL:
             self._start()
-        done = 0
         drop = getattr(self.backend, "drop_pages", None)
         while True:
             for h in list(self._helpers):
@@ -293,8 +293,8 @@ class CheckPool:
                 # close together in key order
                 batch = batches.popleft()
                 yield self.checker(batch, self.backend.get_list(batch), owners=owners)
-                done += 1
-                if drop is not None and done % _DROP_EVERY == 0:
+                self._checked += 1
+                if drop is not None and self._checked % _DROP_EVERY == 0:
                     drop()  # the pages read so far, given back (they stay cached)
             elif any(h.held for h in self._helpers):
                 self._wait(batches)

@@ -54,7 +54,7 @@ _DATA = itemgetter(slice(_HDR.size, None))  # an inline value's object bytes
 FRESHEN_AFTER_MS = int(FRESHEN_AFTER * 1000)
 _INITIAL_MAP = 1 << 30
 #: Keys a listing reads per read transaction (`LMDBBackend._listing`).
-_LIST_CHUNK = 65_536
+_LIST_CHUNK = 16_384
 T = TypeVar("T")
 
 
