@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint docs bench clean docker-engine docker-engine-stop
+.PHONY: demo test lint docs bench clean docker-engine docker-engine-stop browser
 
 $(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml adapters/harbor/pyproject.toml
 	@test -x $(PY) || $$(bash .ci/find-python) -m venv $(VENV)
@@ -53,3 +53,8 @@ docker-engine:
 
 docker-engine-stop:
 	bash .ci/docker-engine stop .docker
+
+# Headless Chromium and chromium-driver from apt (root), for the viewer's browser test
+# (tests/test_view.py; it skips without them unless MEDOMNI_REQUIRE_BROWSER=1).
+browser:
+	bash .ci/browser install

@@ -13,6 +13,7 @@ SUITES = {
     "bench": "benchmarks_perf.bench",
     "harbor": "benchmarks_perf.harbor",
     "llm": "benchmarks_perf.llm",
+    "view": "benchmarks_perf.view",
     "scale": "benchmarks_perf.scale",
 }
 

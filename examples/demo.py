@@ -10,7 +10,10 @@ the README's commands work from the repository's root with no flags. The demo:
 3. runs the deterministic baseline agent (medomni_cas/bench/baseline.py) with the process
    runner, the perception gateway attached on the encoder arms;
 4. scores the runs, writes ``results/medomni-bench.v1/`` and prints the results table;
-5. prints the audit summary of the result and re-hashes its whole closure.
+5. prints the audit summary of the result and re-hashes its whole closure;
+6. attests the result with a throw-away Ed25519 key (an in-toto statement in a DSSE
+   envelope, ``results/medomni-bench.v1/result.intoto.json``) and verifies the attestation
+   against the store.
 
 Running it again resumes: every slot already has a run, so nothing runs again, and the
 result has the same id.
@@ -32,6 +35,8 @@ from medomni_cas.studio.tasksets import build_set
 from medomni_cas.workspace import Workspace
 
 if TYPE_CHECKING:
+    from medomni_cas.audit.verify import VerifyReport
+    from medomni_cas.store.ids import ObjectId
     from medomni_cas.store.store import Store
 
 #: The example workspace: the repository's root, whatever the current directory.
@@ -101,7 +106,27 @@ def _demo(ws: Workspace, store: Store) -> int:
         print(f"  {p.kind}: {p.message}")
     for d in check.derived:
         print(f"  derived: {d}")
-    return 0 if check.ok else 1
+    signed = _attest(store, scored.result, check, files[0].parent)
+    return 0 if check.ok and signed else 1
+
+
+def _attest(store: Store, result: ObjectId, check: VerifyReport, folder: Path) -> bool:
+    """Sign the result's in-toto statement with a throw-away key, then verify the
+    envelope against the store (`medomni audit attest` / `verify-attestation`)."""
+    from medomni_cas.audit.attest import attest, verify_attestation
+    from medomni_cas.audit.keys import generate
+    from medomni_cas.audit.statement import result_check
+
+    key = generate()  # throw-away: a real signer keeps one (medomni keygen -o PATH)
+    path = folder / "result.intoto.json"
+    done = attest(store, result, key, output=path, check=lambda *_: result_check(check))
+    report = verify_attestation(done.envelope, key.public_key(), store)
+    verdict = "ok" if report.ok else "PROBLEMS"
+    _say("attest", f"{done.check.result}, keyid {done.keyid[:16]}…: {path}")
+    _say("attest", f"verify-attestation {verdict}: signature, subject and statement re-derived")
+    for p in report.problems:
+        print(f"  {p.message}")
+    return report.ok
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ What it reports (``MEDOMNI_RUN_INFO``): the model the provider says served the r
 ``usage`` tokens, and the cost when the provider gives one (``usage.cost``, as OpenRouter
 does, or LiteLLM's ``x-litellm-response-cost`` header). When the endpoint fails (a 5xx, a 429,
 a time-out, no connection) it reports ``infra_error`` and exits 3: the run is an infrastructure
-error, which the harness runs again on resume. It never retries by itself, so each request
-the provider sees is one the run records. Any other failure (a 4xx, a body that is not a
-completion) is the agent's own: it exits 1.
+error, which the harness runs again on resume, when the process runner's relay to the endpoint
+saw the fault too (``OPENAI_BASE_URL`` is the relay's; `medomni_cas.bench.endpoint_relay`).
+It never retries by itself, so each request the provider sees is one the run records. Any
+other failure (a 4xx, a body that is not a completion) is the agent's own: it exits 1.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ time of a core module::
 
     notebook    pandas, ipywidgets       tables such as ws.runs_df(); widget progress bars
     bench       starlette, uvicorn       the perception gateway of encoder arms
+    view        starlette, uvicorn       the results viewer (``medomni view``)
     s3          s3fs                     s3:// stores (fsspec names it itself)
     compare     scipy, matplotlib        paired tests between arms; ladder and forest plots
     attest      cryptography             signed attestations of results (Ed25519, DSSE)

@@ -65,7 +65,11 @@ from medomni_cas.workspace import Workspace
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from medomni_cas.audit.attest import AttestationInfo, AttestationReport, Attested
+    from medomni_cas.audit.keys import KeyPair
     from medomni_cas.store.sync import SyncProgress, SyncReport
+    from medomni_cas.studio.commitments import Committed
+    from medomni_cas.studio.reveal import RevealReport
 
 __all__ = [
     "Bar",
@@ -76,25 +80,33 @@ __all__ = [
     "Progress",
     "ScoreReport",
     "agent_config",
+    "attest",
+    "attestations",
     "build",
     "build_pair",
     "check_answer_keys",
     "check_pair",
     "check_set",
+    "commit_set",
     "compare",
     "diff",
     "export",
     "find_comparison",
     "format_value",
+    "keygen",
     "open_remote",
     "provenance",
     "pull",
     "push",
     "rebuild_set",
     "result_id",
+    "reveal_set",
     "run",
     "score",
     "verify",
+    "verify_attestation",
+    "verify_reveal",
+    "view",
 ]
 
 FolderName = Literal["studio", "bench", "runs"]
@@ -699,3 +711,133 @@ def pull(
     store."""
     with open_remote(remote, workspace, create=False) as src:
         return sync.pull(store, src, refs, force=force, message=message, progress=progress)
+
+
+# -- viewing -------------------------------------------------------------------------------------
+def view(
+    store: Store,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    show_answer_keys: bool = False,
+    ready: Callable[[str], object] | None = None,
+) -> None:
+    """Serve the read-only results viewer over ``store`` until interrupted (``medomni
+    view``); ``ready`` gets its URL once it listens. Answer keys stay hidden unless
+    ``show_answer_keys``. A host or port it cannot listen on raises `BindError` (a
+    ValueError) naming it."""
+    from medomni_cas.view import bind, make_app, serve
+    from medomni_cas.view.server import allowed_hosts
+
+    app = make_app(
+        store, show_answer_keys=show_answer_keys, hosts=allowed_hosts(host), warm_plots=True
+    )
+    serve(app, bind(host, port), ready=ready)
+
+
+# -- attestations --------------------------------------------------------------------------------
+# Signed in-toto statements of results (`medomni_cas.audit.attest`); the keys are Ed25519 PEM
+# files (`medomni_cas.audit.keys`), and `cryptography` is the ``attest`` extra.
+def keygen(path: str | Path, *, force: bool = False) -> KeyPair:
+    """Write a key pair: ``path`` (private, mode 0600) and ``path.pub``; refuses to
+    overwrite either unless ``force``."""
+    from medomni_cas.audit.keys import write_pair
+
+    return write_pair(path, force=force)
+
+
+def attest(
+    store: Store, result: str | ObjectId, key: str | Path, *, output: str | Path | None = None
+) -> Attested:
+    """Verify a result, sign its in-toto statement with the private key file ``key``, store
+    the attestation (``attestations/<set>/<keyid>``) and write the envelope to ``output``."""
+    from medomni_cas.audit.attest import attest as audit_attest
+    from medomni_cas.audit.keys import load_private
+
+    return audit_attest(store, result, load_private(key), output=output)
+
+
+def attestations(store: Store, subject: str | ObjectId) -> list[AttestationInfo]:
+    """The signed attestations of a result, comparison or commitment the store holds
+    (its ``attestations/`` refs)."""
+    from medomni_cas.audit.attest import attestations_of
+
+    return attestations_of(store, result_id(store, subject))
+
+
+def verify_attestation(
+    path: str | Path, public_key: str | Path, store: Store | None = None
+) -> AttestationReport:
+    """Check the envelope file ``path`` against the public key file; with ``store``, also
+    that its subject is there and gives the same statement when verified again."""
+    from medomni_cas.audit.attest import verify_attestation as audit_verify_attestation
+    from medomni_cas.audit.keys import load_public
+
+    return audit_verify_attestation(Path(path).read_bytes(), load_public(public_key), store)
+
+
+# -- answer commitments ---------------------------------------------------------------------------
+# Commit-then-reveal of a set's answers (`medomni_cas.studio.commitments`, `.reveal`).
+def commit_set(store: Store, name: str) -> Committed:
+    """Commit to the answers of the set's latest build (salted Merkle leaves); a build
+    already committed to keeps its commitment."""
+    from medomni_cas.studio.commitments import commit
+
+    return commit(store, name)
+
+
+def reveal_set(
+    store: Store,
+    name: str,
+    output: str | Path,
+    *,
+    atoms: Sequence[str] | None = None,
+    folders: Folders | None = None,
+    studio: str | Path | None = None,
+    allow_credentialed: bool = False,
+) -> dict[str, Any]:
+    """Write the openings (answer, salt, inclusion proof) of ``atoms`` (default: all) of
+    the set's commitment to ``output``; refused for credentialed data unless
+    ``allow_credentialed``. Returns the document written."""
+    import json
+
+    from medomni_cas.studio.reveal import reveal
+
+    where = studio
+    if where is None and folders is not None:
+        try:
+            where = folders.get("studio", None)
+        except MedomniError:
+            where = None  # no workspace: the set counts as credentialed
+    doc = reveal(store, name, atoms=atoms, studio=where, allow_credentialed=allow_credentialed)
+    Path(output).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def verify_reveal(
+    store: Store, path: str | Path, *, commitment: str | ObjectId | None = None
+) -> RevealReport:
+    """Check a reveal file against the published commitment: ``commitment`` (an id, prefix
+    or ref name in ``store``), else the one the file names, which must be in ``store``."""
+    import json
+
+    from medomni_cas.errors import NotFound
+    from medomni_cas.studio.commitments import AnswerCommitment
+    from medomni_cas.studio.reveal import verify_reveal as check_reveal
+
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    spec = commitment if commitment is not None else (doc or {}).get("commitment")
+    if not isinstance(spec, str | ObjectId) or not spec:
+        raise ValueError(f"{path}: names no commitment; pass --commitment ID")
+    try:
+        cid = store.resolve(spec)
+    except NotFound:
+        raise ValueError(
+            f"{path}: commitment {spec} is not in {store.url}: import the set's published "
+            "bundle (medomni cas import) or pass --commitment ID"
+        ) from None
+    return check_reveal(doc, store.get(cid, AnswerCommitment), cid)

@@ -9,7 +9,7 @@ import pytest
 
 import medomni_cas as mc
 
-pytest_plugins = ["tests.conftest_docker"]
+pytest_plugins = ["tests.conftest_docker", "tests.llm_fixtures"]
 
 BACKENDS = ["memory", "lmdb", "file"]
 

@@ -123,3 +123,20 @@ def test_the_gateway_needs_uvicorn_too(tmp_path: Path) -> None:
     out = _python(code, {"uvicorn"}, tmp_path)
     assert out.returncode == 1
     assert "uvicorn is not installed" in out.stderr and "medomni-cas[bench]" in out.stderr
+
+
+def test_the_endpoint_relay_without_the_bench_extra_fails_the_check(tmp_path: Path) -> None:
+    """The process runner relays a config's model endpoint (medomni_cas.bench.endpoint_relay):
+    without httpx, the check says what to install, before anything runs."""
+    code = f"""
+    import os, types
+    from medomni_cas.bench.agents import load_agent
+    from medomni_cas.bench.process import _relay_problems
+    os.environ["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"
+    agent = load_agent({str(ROOT / "examples/bench/agents/llm-local.yaml")!r})
+    print(_relay_problems(types.SimpleNamespace(agent=agent)))
+    """
+    out = _python(code, {"httpx"}, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "httpx is not installed (needed for the process runner's relay" in out.stdout
+    assert "pip install 'medomni-cas[bench]'" in out.stdout

@@ -5,8 +5,9 @@ A tiny set (two pairs of 5 patients, arms no-perception and encoders-required) r
 ``run_set(..., runner="harbor")`` with the baseline agent, the replay agent and the null
 agent; it is scored and audited; a probe agent looks at the agent container's network from
 inside; a harness killed mid-job resumes without losing or repeating a run. No packet is ever
-sent to an address off this machine: containers have ``network none`` or the sidecar's
-loopback-only namespace.
+sent to an address off this machine: trial containers have ``network none`` or the relay's
+loopback-only namespace, and the job's forwarder (host network) connects only to the job's
+gateway on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ NOP, REQ = "no-perception", "encoders-required"
 # -- fixtures ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(docker_engine: Engine) -> Engine:
-    """The engine, with the perception image built for this machine (no registry)."""
-    images.ensure_perception_image(docker_engine.host)
+    """The engine, with the perception relay's image built here (no registry)."""
+    images.ensure_relay_image(docker_engine.host)
     return docker_engine
 
 
@@ -289,12 +290,13 @@ def test_baseline_and_replay_run_in_harbor_score_and_audit(
     assert all("labs.jsonl" in r.agent_block.files_opened for r in runs)
     assert all(r.predictions for r in runs)
     req = [r for r in runs if r.agent_block.arm == "encoders-required"]
-    perception = images.perception_tag(engine.host)
-    image_id = engine.client.images.get(perception).id
-    for r in req:  # the sidecar served, logged each call, and the arm's rule holds
+    from medomni_cas.bench.encoders import encoders
+
+    digests = {n: e.digest for n, e in encoders().items()}
+    for r in req:  # the job's gateway served, logged each call, and the arm's rule holds
         assert r.agent_block.encoder_calls >= 1 and r.agent_block.meets_arm
         served = {e.name: e.digest for e in r.agent_block.encoders_served}
-        assert "ecg-summary" in served and all(d.endswith("@" + image_id) for d in served.values())
+        assert "ecg-summary" in served and all(d == digests[n] for n, d in served.items())
         calls = store.read_blob(r.agent_block.encoder_log).decode().splitlines()  # type: ignore[arg-type]
         assert json.loads(calls[0])["status"] == "ok"
     nop = [r for r in runs if r.agent_block.arm == "no-perception"]
@@ -435,8 +437,8 @@ def test_timeouts_and_infrastructure_failures_are_told_apart(
     assert time.monotonic() - t0 < 45 and all("2.0 seconds" in r.errors[0] for r in timed_out)
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if token in _read(p)]
 
-    # a sidecar that cannot start is the infrastructure's failure: kept, and run again
-    gone = {"perception_image": "local/medomni-perception:gone"}
+    # a relay that cannot start is the infrastructure's failure: kept, and run again
+    gone = {"relay_image": "local/medomni-relay:gone"}
     broken = HarborRunner(docker_host=engine.host, environment_kwargs=gone)
     kw = {"arms": [REQ], "shard": _shard(store, tree, "baseline", 5, (REQ,))}
     first = _run(store, tree, tmp_path, engine, "baseline", runner=broken, **kw)
@@ -487,11 +489,13 @@ def test_checks_run_before_anything(
     (tree / "bench/agents/terminus.yaml").write_text(yaml.safe_dump(terminus))
     with pytest.raises(CheckFailed, match=r"Harbor's preflight: .*OPENAI_API_KEY"):
         _run(store, tree, tmp_path, engine, "terminus", arms=["no-perception"])
-    missing = HarborRunner(docker_host=engine.host, perception_image="local/none:1")
-    with pytest.raises(CheckFailed, match="perception image local/none:1 is not on the engine"):
+    missing = HarborRunner(docker_host=engine.host, relay_image="local/none:1")
+    with pytest.raises(CheckFailed, match="relay's image local/none:1 is not on the engine"):
         _run(store, tree, tmp_path, engine, "baseline", runner=missing)
     elsewhere = HarborRunner(environment="daytona")
-    with pytest.raises(CheckFailed, match="only the docker environment runs"):
+    with pytest.raises(
+        CheckFailed, match="only the docker environment, Harbor's compose-based ones"
+    ):
         _run(store, tree, tmp_path, engine, "baseline", runner=elsewhere)
     no_engine = HarborRunner(docker_host="unix:///nonexistent/docker.sock")
     with pytest.raises(CheckFailed, match="no Docker engine answers"):

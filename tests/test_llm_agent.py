@@ -3,14 +3,17 @@
 Each test runs ``medomni bench run`` (in process) with the example config
 ``bench/agents/llm-local.yaml``, the real ``openai`` client in a real agent subprocess, and a
 stand-in provider on loopback (tests/llm_provider.py) scripted for the case: answers, the
-served model, usage past the limits, a hang, 5xx and time-outs, a malformed body.
+served model, usage past the limits, a hang, 5xx and time-outs, a malformed body. The agent
+reaches the stand-in through the process runner's endpoint relay, whose log decides whether
+an agent's infrastructure-error claim counts (a hostile agent's does not).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
+import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +23,12 @@ import yaml
 import medomni_cas as mc
 from medomni_cas.bench.records import RunRecord
 from medomni_cas.cli.main import main
-from medomni_cas.studio.tasksets import build_set
 from tests._sets import EXAMPLES, small_tree
+from tests.llm_fixtures import SET
 from tests.llm_provider import Reply, standin
 
 pytest.importorskip("openai")
 
-SET = "medomni-bench/small"
 N = 8  # slots of the set's one job
 NOP = ["--arm", "no-perception"]
 MODEL = "stand-in-model"
@@ -50,14 +52,6 @@ def llm_tree(root: Path, n: int = N) -> Path:
     mine = tree / "studio/datasets/synth-ehr/tasks/synth-ehr_ckd-staging/cohorts"
     (mine / f"n{n}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return tree
-
-
-@pytest.fixture
-def url(tree: Path, tmp_path: Path) -> Iterator[str]:
-    url = f"lmdb://{tmp_path / 'store'}"
-    with mc.open(url) as s:
-        build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
-    yield url
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +192,8 @@ def test_5xx_and_timeouts_are_infra_errors_kept_and_rerun_on_resume(
     faults = {1: Reply(status=504), 4: Reply(status=504), 6: Reply(hang=10)}
     with standin(lambda n, _b: faults.get(n, Reply(content=ANSWER))) as provider:
         monkeypatch.setenv("OPENAI_BASE_URL", provider.base_url)
-        agent = llm_config(tree, tmp_path, args=["--timeout", "1"])
+        # the agent gives up after 1 s; the harness's relay counts no answer in 2 s a fault
+        agent = llm_config(tree, tmp_path, args=["--timeout", "1"], endpoint_timeout_sec=2)
         code, report = run(tree, tmp_path, url, agent, capsys)
         assert provider.count == N  # no retry inside the agent: one request a run
         (job,) = report["jobs"]
@@ -221,6 +216,76 @@ def test_5xx_and_timeouts_are_infra_errors_kept_and_rerun_on_resume(
     again = [r for r in recorded if r.attempt == 2]
     assert {r.slot for r in again} == {r.slot for r in failed}
     assert all(r.previous is not None for r in again)
+
+
+CLAIMS = """
+    import json, os, pathlib, sys, urllib.request
+    print("endpoint", os.environ["OPENAI_BASE_URL"])
+    if sys.argv[1] == "answers":  # asks the model, writes its answer, and still claims
+        request = urllib.request.Request(
+            os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+            data=json.dumps({"model": "m", "messages": []}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(request, timeout=30).read()
+        pathlib.Path(os.environ["MEDOMNI_SUBMISSION"]).write_text('{"ckd_stage": "G2"}')
+    why = "the endpoint answered 504"  # it did not
+    pathlib.Path(os.environ["MEDOMNI_RUN_INFO"]).write_text(json.dumps({"infra_error": why}))
+    sys.exit(3 if sys.argv[1] == "silent" else 0)
+"""
+
+
+@pytest.mark.parametrize("how", ["silent", "answers"])
+def test_an_agents_infra_error_claim_counts_only_when_the_harness_saw_it(
+    tree: Path, tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, how: str,
+) -> None:  # fmt: skip
+    """A hostile agent says its endpoint failed, to be run again instead of scored: one that
+    sent nothing, one whose request went through. The relay saw no fault, so each run stands
+    as it ended (agent-failed; answered and scored), the claim is kept in its errors, and
+    resume runs nothing again."""
+    script = tmp_path / "claims.py"
+    script.write_text(textwrap.dedent(CLAIMS))
+    with standin(Reply(content=ANSWER)) as provider:
+        monkeypatch.setenv("OPENAI_BASE_URL", provider.base_url)
+        agent = llm_config(tree, tmp_path, "claims", command=["python", str(script), how])
+        code, report = run(tree, tmp_path, url, agent, capsys, "--fail-fast", "0")
+        assert provider.count == (N if how == "answers" else 0)
+        (job,) = report["jobs"]
+        want = {"agent-failed": N} if how == "silent" else {"answered": N}
+        assert job["outcomes"] == want and job["infra_errors"] == 0
+        assert code == (1 if how == "silent" else 0)
+        for r in runs(url):
+            assert "the harness saw no fault of the endpoint" in r.errors[-1], r.errors
+            assert "the endpoint answered 504" in r.errors[-1]
+        assert all(r.predictions for r in runs(url)) == (how == "answers")
+        # the agent was given the harness's relay, never the endpoint itself
+        out = (next(Path(job["folder"]).glob("trials/*/stdout.txt"))).read_text()
+        assert "/t/" in out and provider.base_url not in out
+        code, report = run(tree, tmp_path, url, agent, capsys, "--fail-fast", "0")
+        assert report["jobs"][0]["ran"] == 0 and len(runs(url)) == N
+
+
+def test_the_relay_refuses_a_request_without_a_live_trials_token(tree: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    from medomni_cas.bench.endpoint_relay import EndpointRelay
+    from medomni_cas.bench.perception import serve
+
+    with standin(Reply(content=ANSWER)) as provider:
+        relay = EndpointRelay(provider.base_url, timeout=5)
+        with serve(relay, host="127.0.0.1", port=0) as base:
+            token = relay.issue()
+            ok = urllib.request.urlopen(relay.url(base, token) + "/models", timeout=30)
+            assert ok.status == 200 and json.loads(ok.read())["data"]
+            relay.revoke(token)
+            for bad in (relay.url(base, token), f"{base}/v1", relay.url(base, "0" * 32)):
+                with pytest.raises(urllib.error.HTTPError) as e:
+                    urllib.request.urlopen(bad + "/models", timeout=30)
+                assert e.value.code in (401, 403)
+            assert relay.refused == 3 and [c.outcome for c in relay.calls(token)] == ["200"]
+        assert provider.count == 0  # /models is not a chat request: the stand-in counts those
 
 
 def test_a_malformed_reply_is_the_agents_failure(

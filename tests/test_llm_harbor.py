@@ -6,15 +6,21 @@ it (``format_trajectory_json``) into a trial's ``agent/`` folder. With the engin
 start (tests/docker_engine.py) and its image ``local/terminus:1``, ``medomni bench run
 --runner harbor`` runs terminus-2 against the stand-in provider (tests/llm_provider.py) on
 loopback: the model loop runs in the harness, the shell in a container with no network.
+
+The Docker tests share one module fixture, `trials`: a job of five real trials of a copy of
+terminus-2-local.yaml whose stand-in script differs per trial (an answer, another served
+model, a 504, a hang past the client's time-out, usage past the limits), resumed once; and
+one trial of terminus-2-cloud.yaml as it is. Each test reads what they recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import re
-import subprocess
-import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +31,12 @@ import medomni_cas as mc
 from medomni_cas.bench.agents import load_agent
 from medomni_cas.bench.records import RunRecord
 from medomni_cas.bench.runners import Job
+from medomni_cas.cli.main import main
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.studio.tasksets import build_set
 from tests import docker_engine as de
 from tests.docker_engine import Engine
-from tests.llm_provider import Reply, standin
+from tests.llm_provider import Provider, TerminusScript, standin
 from tests.test_llm_agent import llm_tree
 
 pytest.importorskip("harbor")
@@ -96,53 +103,21 @@ def test_the_agent_image_is_the_configs_unless_the_run_names_one(
     assert HarborRunner().image == AGENT_IMAGE
 
 
-# -- a real terminus-2 trial in Docker, against the stand-in ------------------------------------
+# -- real terminus-2 trials in Docker, against the stand-in --------------------------------------
 # Harbor's terminus-2 runs in the harness (its model loop calls the stand-in on loopback through
 # LiteLLM) and drives a tmux session in a container of local/terminus:1 that has no network.
 SET = "medomni-bench/small"
-TRIALS = 2
+PLAN = ("good", "other-model", "504", "hang", "over")  # one trial each
 ASKED = "stand-in-model"  # what the config asks for (LiteLLM: openai/<name>)
 SERVED = "stand-in-model-2026-01"  # what the provider reports, as hosted providers do
 OTHER = "cheaper-model-q4"
 KEY = "sk-test-terminus-0123456789abcdef"
 ANSWER = {"ckd_stage": "G2"}
-PROMPT, COMPLETION, COST = 400, 30, 0.0015  # the usage the stand-in reports for every turn
-_SUBMISSION = re.compile(r"Write your answer to (/\S+) as one JSON object")
-
-
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return str(content or "")
-
-
-def terminus_turn(n: int, body: dict[str, Any]) -> Reply:
-    """What a model answers terminus-2, as its prompt asks (JSON: analysis, plan, commands of
-    keystrokes, task_complete): first the keystrokes writing the answer to the submission path
-    the instruction names, marked complete; then, asked whether it is sure, complete again.
-    The second trial's turns report another model than the first's (trials run one at a time).
-    Each analysis repeats the API key, as a careless model or a prompt injection might."""
-    model = SERVED if n < 2 else OTHER
-    last = _text(body["messages"][-1])
-    if "Are you sure you want to mark the task as complete" in last:
-        turn: dict[str, Any] = {"analysis": f"done ({KEY})", "plan": "", "commands": []}
-    else:
-        found = _SUBMISSION.search(" ".join(_text(m) for m in body["messages"]))
-        keys = f"printf '%s' '{json.dumps(ANSWER)}' > {found.group(1)}\n" if found else ""
-        turn = {
-            "analysis": f"The task asks for the CKD stage. My key is {KEY}.",
-            "plan": "Write the answer where the instruction says.",
-            "commands": [{"keystrokes": keys, "duration": 1.0}] if keys else [],
-        }
-    turn["task_complete"] = True
-    return Reply(
-        content=json.dumps(turn),
-        model=model,
-        prompt_tokens=PROMPT,
-        completion_tokens=COMPLETION,
-        cost=COST,
-    )
+PROMPT, COMPLETION, COST = 400, 30, 0.0015  # the usage the stand-in reports for each turn
+CLOUD_SERVED = "gpt-4o-mini-2024-07-18"  # terminus-2-cloud.yaml's served_model
+#: LiteLLM's time-out per request, and no retries of the OpenAI client below Harbor's own
+#: (terminus-2 tries a failing call 3 x 3 times, with 4 s waits, before the trial fails)
+CALL = {"timeout": 1, "max_retries": 0}
 
 
 @pytest.fixture(scope="module")
@@ -165,82 +140,210 @@ def _files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
 
 
-def test_terminus_2_in_docker_against_the_standin(terminus_engine: Engine, tmp_path: Path) -> None:
-    """``medomni bench run --runner harbor`` with a copy of terminus-2-local.yaml: two real
-    Harbor trials, the answers recorded, the served model and tokens as the provider reported
-    them, every request accounted for, and the key in no stored byte."""
-    tree = llm_tree(tmp_path / "tree", n=TRIALS)
+@dataclass
+class Ran:
+    """What a `bench run` printed and recorded, and what the stand-in saw meanwhile."""
+
+    code: int
+    job: dict[str, Any]
+    url: str
+    seen: int
+    bodies: list[dict[str, Any]]
+    script: TerminusScript
+    answered: Counter[str]  # the script's 200s so far, by behaviour
+
+    def runs(self) -> list[RunRecord]:
+        with mc.open(self.url) as s:
+            return [s.get(o, RunRecord) for o in s.iter_ids() if s.kind(o) == "medomni.run"]
+
+
+@dataclass
+class Trials:
+    first: Ran  # the five trials
+    resumed: Ran  # the same command again
+    cloud: Ran  # terminus-2-cloud.yaml, one trial
+    root: Path
+
+
+def _bench_run(tree: Path, url: str, agent: Path, runs: Path, *extra: str) -> tuple[int, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(
+            [
+                "bench", "run", SET, "--agent", str(agent), "--runner", "harbor",
+                "--arm", "no-perception", "--store", url, "--studio", str(tree / "studio"),
+                "--bench", str(tree / "bench"), "--runs", str(runs), "--json", *extra,
+            ]
+        )  # fmt: skip
+    return code, json.loads(out.getvalue())
+
+
+def _ran(provider: Provider, script: TerminusScript, code: int, report: Any, url: str) -> Ran:
+    (job,) = report["jobs"]
+    return Ran(
+        code, job, url, provider.count, list(provider.bodies), script, Counter(script.answered)
+    )
+
+
+@pytest.fixture(scope="module")
+def trials(terminus_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trials]:
+    root = tmp_path_factory.mktemp("terminus")
+    tree = llm_tree(root / "tree", n=len(PLAN))
     doc = yaml.safe_load((tree / "bench/agents/terminus-2-local.yaml").read_text())
     assert doc["settings"]["image"] == images.TERMINUS_IMAGE
     doc["model"], doc["settings"]["served_model"] = f"openai/{ASKED}", SERVED
-    agent = tmp_path / "terminus.yaml"
-    agent.write_text(yaml.safe_dump(doc))
-    url = f"lmdb://{tmp_path / 'store'}"
+    doc["settings"]["harbor_kwargs"]["llm_call_kwargs"] = CALL
+    local = root / "terminus.yaml"
+    local.write_text(yaml.safe_dump(doc))
+    url = f"lmdb://{root / 'store'}"
+    one = llm_tree(root / "tree-1", n=1)  # for the cloud config: one trial
+    cloud_url = f"lmdb://{root / 'store-cloud'}"
+    for u, t in ((url, tree), (cloud_url, one)):
+        with mc.open(u) as s:
+            build_set(s, SET, studio=t / "studio", bench=t / "bench")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DOCKER_HOST", terminus_engine.host)
+        mp.setenv("OPENAI_API_KEY", KEY)
+        mp.delenv("MEDOMNI_HARBOR_IMAGE", raising=False)
+        script = TerminusScript(PLAN, served=SERVED, other=OTHER, answer=ANSWER, leak=KEY)
+        script.prompt_tokens, script.completion_tokens, script.cost = PROMPT, COMPLETION, COST
+        with standin(script) as provider:
+            mp.setenv("OPENAI_BASE_URL", provider.base_url)
+            # all five at once: the 504 and the hang each take terminus-2's 9 tries and waits
+            opts = ("--runner-option", f"concurrency={len(PLAN)}", "--fail-fast", "0")
+            code, report = _bench_run(tree, url, local, root / "runs", *opts)
+            first = _ran(provider, script, code, report, url)
+            script.healed = True  # the provider is back: resume
+            code, report = _bench_run(tree, url, local, root / "runs", *opts)
+            resumed = _ran(provider, script, code, report, url)
+        # terminus-2-cloud.yaml as it is; the stand-in serves the model it names
+        script = TerminusScript(served=CLOUD_SERVED, leak=KEY)
+        with standin(script) as provider:
+            mp.setenv("OPENAI_BASE_URL", provider.base_url)
+            cloud_agent = one / "bench/agents/terminus-2-cloud.yaml"
+            code, report = _bench_run(
+                one, cloud_url, cloud_agent, root / "runs-cloud", "--accept-conditions"
+            )
+            cloud = _ran(provider, script, code, report, cloud_url)
+    yield Trials(first, resumed, cloud, root)
+
+
+def _by_behaviour(ran: Ran) -> dict[str, list[RunRecord]]:
+    """The runs of each behaviour of the plan, first attempts first (each trial's behaviour is
+    the one its evidence's checksum got, which Harbor's trial folder shows in its log)."""
+    out: dict[str, list[RunRecord]] = {}
+    for r in sorted(ran.runs(), key=lambda r: r.attempt):
+        text = b"".join(_logs(ran.url, r).values())
+        (what,) = [w for digest, w in ran.script.of.items() if digest.encode() in text]
+        out.setdefault(what, []).append(r)
+    return out
+
+
+def _logs(url: str, run: RunRecord) -> dict[str, bytes]:
+    if run.logs is None:
+        return {}
     with mc.open(url) as s:
-        build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
+        tree = s.get(run.logs)
+        return {name: s.read_blob(tree[name]) for name in tree}
 
-    with standin(terminus_turn) as provider:
-        env = {
-            **os.environ,
-            "DOCKER_HOST": terminus_engine.host,
-            "MEDOMNI_HARBOR_CONCURRENCY": "1",  # one trial at a time: the script's order
-            "OPENAI_BASE_URL": provider.base_url,
-            "OPENAI_API_KEY": KEY,
-        }
-        env.pop("MEDOMNI_HARBOR_IMAGE", None)
-        proc = subprocess.run(
-            [
-                sys.executable, "-m", "medomni_cas.cli.main", "bench", "run", SET,
-                "--agent", str(agent), "--runner", "harbor", "--arm", "no-perception",
-                "--store", url, "--studio", str(tree / "studio"), "--bench", str(tree / "bench"),
-                "--runs", str(tmp_path / "runs"), "--json", "--fail-fast", "0",
-            ],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        seen, bodies = provider.count, list(provider.bodies)
-    assert proc.returncode == 1, proc.stderr[-4000:]  # the second trial's model is not SERVED
-    (job,) = json.loads(proc.stdout)["jobs"]
-    assert job["outcomes"] == {"answered": 1, "agent-failed": 1}, proc.stderr[-4000:]
 
-    # two turns a trial (write and complete; confirm), each asking for the config's model
-    assert seen == 2 * TRIALS and {b["model"] for b in bodies} == {ASKED}
-    with mc.open(url) as s:
-        runs = [s.get(o, RunRecord) for o in s.iter_ids() if s.kind(o) == "medomni.run"]
-        answers = [json.loads(s.read_blob(r.answer)) for r in runs if r.answer is not None]
-        closure = s.closure(ObjectId.from_hex(job["job"]))
-        stored = b"".join(s.get_raw(o) for o in closure)
-    assert len(runs) == TRIALS and {r.runner for r in runs} == {"harbor"}
-    assert answers == [ANSWER] * TRIALS  # typed into the container's shell by terminus-2
-    (good,) = [r for r in runs if r.outcome == "answered"]
-    (bad,) = [r for r in runs if r.outcome == "agent-failed"]
-    assert good.served_model == SERVED and good.predictions
-    assert bad.served_model == OTHER and not bad.predictions
-    assert f"'{OTHER}'" in bad.errors[-1] and f"'{SERVED}'" in bad.errors[-1], bad.errors
-    # tokens and cost as Harbor's agent context summed them (LiteLLM read the cost the
-    # provider sent): every request the stand-in saw is in a run
-    assert {(r.tokens_in, r.tokens_out) for r in runs} == {(2 * PROMPT, 2 * COMPLETION)}
-    assert [r.cost_usd for r in runs] == [pytest.approx(2 * COST)] * TRIALS
-    assert sum(r.tokens_in or 0 for r in runs) == seen * PROMPT
-    assert sum(r.tokens_out or 0 for r in runs) == seen * COMPLETION
-    assert {r.environment for r in runs} == {"docker"} and {r.isolation for r in runs} == {
-        "container"
-    }
-    trials = list((Path(job["folder"]) / "harbor/jobs").glob("*/*/result.json"))
-    assert len(trials) == TRIALS
-    for t in trials:
-        result = json.loads(t.read_text())
-        assert result["agent_info"]["name"] == "terminus-2" and result["exception_info"] is None
+def test_terminus_2_answers_with_the_served_model_tokens_and_cost_recorded(
+    trials: Trials,
+) -> None:
+    """An answer typed into the container's shell by terminus-2, recorded with the model the
+    provider reported and Harbor's token and cost counts; every request the stand-in
+    answered is in a run's counts."""
+    first = trials.first
+    assert first.code == 1  # some trials failed, by design
+    by = _by_behaviour(first)
+    (good,) = by["good"]
+    assert good.outcome == "answered" and good.served_model == SERVED and good.predictions
+    with mc.open(first.url) as s:
+        assert json.loads(s.read_blob(good.answer)) == ANSWER  # type: ignore[arg-type]
+    # three turns: checksum, write and complete, confirm; each asking for the config's model
+    assert (good.tokens_in, good.tokens_out) == (3 * PROMPT, 3 * COMPLETION)
+    assert good.cost_usd == pytest.approx(3 * COST)
+    assert {b["model"] for b in first.bodies} == {ASKED}
+    # every 200 the stand-in sent is counted in one run (a failed request has no usage)
+    answered = first.answered
+    runs = first.runs()
+    over = answered["over"]
+    want_in = PROMPT * (sum(answered.values()) - over) + 250_000 * over
+    firsts = [r for r in runs if r.attempt == 1]
+    assert sum(r.tokens_in or 0 for r in firsts) == want_in
+    assert sum(r.tokens_out or 0 for r in firsts) == COMPLETION * sum(answered.values())
+    assert {r.runner for r in runs} == {"harbor"}
+    assert {(r.environment, r.isolation) for r in runs} == {("docker", "container")}
+    results = list((Path(first.job["folder"]) / "harbor/jobs").glob("*/*/result.json"))
+    assert len(results) == len(PLAN) + 2  # the first job's five, the resumed job's two
+    for t in results:
+        assert json.loads(t.read_text())["agent_info"]["name"] == "terminus-2"
 
-    # the key: in every analysis the model wrote, and in no byte of the store, an exported
-    # bundle or the run folder (Harbor's trajectories and logs are redacted when recorded)
-    assert KEY in json.dumps(bodies[-1]["messages"])  # the model's own turns, sent back
-    bundle = tmp_path / "out.bundle"
-    code = subprocess.run(
-        [sys.executable, "-m", "medomni_cas.cli.main", "cas", "export", job["job"],
-         "-o", str(bundle), "--store", url],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    ).returncode  # fmt: skip
-    assert code == 0 and bundle.stat().st_size
-    every = {"the job's closure": stored, **{str(p): p.read_bytes() for p in _files(tmp_path)}}
-    assert len(every) > 20
+
+def test_another_served_model_is_an_error_of_the_run_naming_both(trials: Trials) -> None:
+    (bad,) = _by_behaviour(trials.first)["other-model"]
+    assert bad.outcome == "agent-failed" and not bad.predictions
+    assert OTHER in bad.served_model  # the provider switched models after the first turn
+    assert OTHER in bad.errors[-1] and f"the config's '{SERVED}'" in bad.errors[-1], bad.errors
+
+
+def test_tokens_and_cost_past_the_limits_end_over_limit(trials: Trials) -> None:
+    (over,) = _by_behaviour(trials.first)["over"]
+    assert over.outcome == "over-limit" and not over.predictions
+    assert over.tokens_in == PROMPT + 2 * 250_000
+    assert any("over the token limit: 500490 tokens, the limit is 200000" in e for e in over.errors)
+    assert any("over the cost limit: $5.0015, the limit is $1" in e for e in over.errors)
+
+
+def test_a_504_and_a_hang_are_infra_errors_and_only_they_run_again(trials: Trials) -> None:
+    """marin-community/marin#7789 through a real scaffold: the trials that hit the provider's
+    504 or a hang past LiteLLM's time-out end as infrastructure errors, are kept, and resume
+    runs exactly those again (linked from their first attempt); the rest are kept as they
+    ended."""
+    first, resumed = trials.first, trials.resumed
+    assert first.job["outcomes"] == {
+        "answered": 1, "agent-failed": 1, "over-limit": 1, "infra-error": 2
+    }  # fmt: skip
+    assert first.job["infra_errors"] == 2
+    by = _by_behaviour(resumed)
+    for what, cause in (("504", "stand-in fault 504"), ("hang", "Request timed out")):
+        failed, again = by[what]
+        assert failed.outcome == "infra-error" and failed.attempt == 1, failed.errors
+        assert any(cause in e for e in failed.errors), failed.errors
+        assert again.attempt == 2 and again.outcome == "answered" and again.predictions
+        assert again.slot == failed.slot and again.previous is not None
+    assert resumed.job["ran"] == 2 and resumed.job["done"] == 3
+    assert resumed.job["outcomes"] == {"answered": 3, "agent-failed": 1, "over-limit": 1}
+    assert resumed.code == 1 and resumed.job["infra_errors"] == 0  # two runs failed: final
+    # the resumed job asked the stand-in only for the two: three turns each
+    assert resumed.seen - first.seen == 2 * 3
+    assert len(resumed.runs()) == len(PLAN) + 2
+
+
+def test_the_cloud_config_runs_as_it_is(trials: Trials) -> None:
+    """terminus-2-cloud.yaml, unchanged, against an endpoint serving the model it names (the
+    example dataset's cloud route is conditional: accepted)."""
+    cloud = trials.cloud
+    assert cloud.code == 0 and cloud.job["outcomes"] == {"answered": 1}
+    (run,) = cloud.runs()
+    assert run.served_model == CLOUD_SERVED and run.predictions
+    assert {b["model"] for b in cloud.bodies} == {"gpt-4o-mini"} and cloud.seen == 3
+    assert (run.tokens_in, run.tokens_out) == (3 * 400, 3 * 30)
+
+
+def test_the_key_is_in_no_stored_byte(trials: Trials, capsys: pytest.CaptureFixture[str]) -> None:
+    """The key: in every analysis the model wrote, and in no byte of the stores, an exported
+    bundle or the run folders (Harbor's trajectories and logs are redacted when recorded)."""
+    first = trials.first
+    assert KEY in json.dumps(first.bodies[-1]["messages"])  # the model's own turns, sent back
+    stored = b""
+    for ran in (first, trials.cloud):
+        bundle = trials.root / f"{ran.job['job'][:12]}.bundle"
+        assert main(["cas", "export", ran.job["job"], "-o", str(bundle), "--store", ran.url]) == 0
+        with mc.open(ran.url) as s:
+            stored += b"".join(s.get_raw(o) for o in s.closure(ObjectId.from_hex(ran.job["job"])))
+    capsys.readouterr()
+    every = {"the jobs' closures": stored, **{str(p): p.read_bytes() for p in _files(trials.root)}}
+    assert len(every) > 40
     assert [name for name, data in every.items() if KEY.encode() in data] == []

@@ -4,29 +4,18 @@ conditions. Each through ``medomni bench run``; nothing runs when a check fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-import medomni_cas as mc
 from medomni_cas.bench.routes import resolve_endpoint
-from medomni_cas.studio.tasksets import build_set
-from tests.test_llm_agent import KEY, SET, llm_config, llm_tree, run, runs
+from tests.test_llm_agent import KEY, llm_config, llm_tree, run, runs
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return llm_tree(tmp_path_factory.mktemp("routes"), n=2)
-
-
-@pytest.fixture
-def url(tree: Path, tmp_path: Path) -> Iterator[str]:
-    url = f"lmdb://{tmp_path / 'store'}"
-    with mc.open(url) as s:
-        build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
-    yield url
 
 
 @pytest.fixture(autouse=True)

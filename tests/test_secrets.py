@@ -19,7 +19,6 @@ from medomni_cas.bench.runners import Job, Runner, Trial
 from medomni_cas.bench.secrets import Redactor, redactor, secret_names
 from medomni_cas.cli.main import main
 from medomni_cas.store.ids import ObjectId
-from medomni_cas.studio.tasksets import build_set
 from tests.llm_provider import Reply, standin
 from tests.test_llm_agent import ANSWER, KEY, SET, llm_config, llm_tree, run
 
@@ -31,14 +30,6 @@ TOKEN = "ghp_someoneelsestoken42"  # a bearer token the agent found somewhere: n
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return llm_tree(tmp_path_factory.mktemp("secrets"), n=3)
-
-
-@pytest.fixture
-def url(tree: Path, tmp_path: Path) -> Iterator[str]:
-    url = f"lmdb://{tmp_path / 'store'}"
-    with mc.open(url) as s:
-        build_set(s, SET, studio=tree / "studio", bench=tree / "bench")
-    yield url
 
 
 LEAKY = """
@@ -104,6 +95,51 @@ def test_a_key_leaked_by_the_agent_is_in_no_stored_byte(
         assert [i for i, data in enumerate(every) if secret.encode() in data] == []
 
 
+HIDES = """
+    import os, pathlib
+    key = os.environ["OPENAI_API_KEY"]
+    print("configured with", key)
+    pathlib.Path(os.environ["TMPDIR"], "cache.json").write_text(key)
+    hidden = pathlib.Path("deep")
+    hidden.mkdir()
+    (hidden / "note").write_text("Bearer " + os.environ["LEAKY_EXTRA"])
+    os.chmod(hidden / "note", 0)
+    os.chmod(hidden, 0)  # neither listed nor read, unless made ours again
+    pathlib.Path(os.environ["MEDOMNI_SUBMISSION"]).write_text('{"ckd_stage": "G2"}')
+"""
+
+
+def test_a_kept_scratch_folder_holds_no_secret(
+    tree: Path,
+    tmp_path: Path,
+    url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--runner-option keep=1`` keeps each trial's folder for debugging: the agent's logs
+    and files are there, redacted as the stored records are, even a file the agent hid in a
+    folder it made unreadable."""
+    monkeypatch.setenv("LEAKY_EXTRA", TOKEN)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    script = tmp_path / "hides.py"
+    script.write_text(textwrap.dedent(HIDES))
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # never asked
+    env = ["OPENAI_BASE_URL", "OPENAI_API_KEY", "LEAKY_EXTRA"]
+    agent = llm_config(tree, tmp_path, "hides", env=env, command=["python", str(script)])
+    code, report = run(tree, tmp_path, url, agent, capsys, "--runner-option", "keep=1")
+    assert code == 0 and report["jobs"][0]["outcomes"] == {"answered": 3}
+    (kept,) = (tmp_path / "runs/.scratch").glob("kept-*")
+    files = list(_files(kept))
+    names = {p.name for p in files}
+    assert {"stdout.txt", "stderr.txt", "cache.json", "note", "labs.jsonl"} <= names, names
+    assert len([p for p in files if p.name == "note"]) == 3  # one a trial, read and kept
+    stdout = next(p for p in files if p.name == "stdout.txt").read_text()
+    assert "configured with [redacted:OPENAI_API_KEY]" in stdout
+    assert next(p for p in files if p.name == "note").read_bytes() == b"Bearer [redacted]"
+    for secret in (KEY, TOKEN):
+        assert [p for p in files if secret.encode() in p.read_bytes()] == []
+
+
 def test_secret_names_are_the_named_and_those_env_names_that_say_so(tmp_path: Path) -> None:
     path = tmp_path / "a.yaml"
     path.write_text(
@@ -147,6 +183,20 @@ def test_a_folder_is_redacted_in_place(tmp_path: Path) -> None:
     r = Redactor((("K", b"sk-live-999999"),))
     assert r.folder(tmp_path) == 1
     assert (tmp_path / "a/log.txt").read_bytes() == b"key=[redacted:K] ok"
+
+
+def test_a_hard_link_to_a_file_elsewhere_leaves_that_file_as_it_is(tmp_path: Path) -> None:
+    """An agent's folder may hold a hard link to a file outside it: the folder's copy is
+    redacted, the file elsewhere keeps its bytes and its mode."""
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"key=sk-live-999999")
+    outside.chmod(0o400)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "linked.txt").hardlink_to(outside)
+    assert Redactor((("K", b"sk-live-999999"),)).folder(kept) == 1
+    assert (kept / "linked.txt").read_bytes() == b"key=[redacted:K]"
+    assert outside.read_bytes() == b"key=sk-live-999999" and outside.stat().st_mode & 0o777 == 0o400
 
 
 class _KeepsLogs(Runner):

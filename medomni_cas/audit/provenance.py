@@ -20,6 +20,7 @@ from collections.abc import Iterable
 import msgspec
 
 from medomni_cas.audit._common import arm_label, load_result, short, split_pair
+from medomni_cas.audit.attest import AttestationInfo, attestation_lines, attestations_of
 from medomni_cas.bench.records import (
     AgentConfig,
     JobRecord,
@@ -159,6 +160,8 @@ class Provenance(_Report, kw_only=True):
     jobs: list[JobSummary]
     answer_columns: list[str] = []
     warnings: list[str] = []
+    #: the signed attestations of the result this store's ``attestations/`` refs hold
+    attestations: list[AttestationInfo] = []
 
     def __repr__(self) -> str:
         return "\n".join(render_text(self))
@@ -344,6 +347,7 @@ def provenance(store: Store, result: str | ObjectId, *, runs: bool = False) -> P
         answer_columns=[c.hex() for c in res.answer_columns],
         jobs=job_summaries,
         warnings=warnings,
+        attestations=attestations_of(store, rid),
     )
 
 
@@ -474,4 +478,4 @@ def render_text(p: Provenance) -> list[str]:
     # text in a reading order; JSON keeps the result's own order
     for j in sorted(p.jobs, key=lambda j: (j.agent.name, j.arm, j.arm_variant, j.repetition)):
         lines += _job_lines(j)
-    return lines
+    return lines + attestation_lines(p.attestations)

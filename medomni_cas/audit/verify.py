@@ -38,12 +38,13 @@ from collections.abc import Callable
 import msgspec
 
 from medomni_cas.audit._common import AuditError, arm_label, short
+from medomni_cas.audit.commitment import Opened, check_opens
 from medomni_cas.audit.derived import check_answer_column_ids, check_answer_columns
 from medomni_cas.audit.recompare import check_comparison
 from medomni_cas.audit.rederive import ScoreProblem, check_score
 from medomni_cas.bench.comparisons import Comparison
 from medomni_cas.bench.records import JobRecord, Result, RunRecord
-from medomni_cas.errors import IntegrityError, InvalidObject, NotFound
+from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store.encoding import BLOB, TREE
 from medomni_cas.store.ids import ObjectId
@@ -109,6 +110,10 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     notices: list[str] = []  # the store moved on since the score (not problems)
     rows: int = 0  # rows compared with the ones computed again
     jobs_scored: int = 0  # jobs the rows were computed again from
+    # with derived=True, for a set with an answer commitment: its id, and each (atom, target)
+    # whose answer key does not open it (`medomni_cas.audit.commitment`)
+    commitment: str = ""
+    unopened: list[str] = []
 
     def __repr__(self) -> str:
         return "\n".join(render_text(self))
@@ -130,13 +135,19 @@ def render_text(report: VerifyReport) -> list[str]:
             f"; {report.rows:,} score rows compared with the rows of {report.jobs_scored}"
             " job(s) scored again"
         )
+    opened = (
+        [f"  its answer keys open answer commitment {report.commitment[:12]}"]
+        if report.commitment and not report.unopened
+        else []
+    )
     if report.ok:
-        return [f"result {report.result}: ok", f"  {rate}", *notes]
-    n = len(report.problems) + len(report.derived) + len(report.score)
+        return [f"result {report.result}: ok", f"  {rate}", *opened, *notes]
+    n = len(report.problems) + len(report.derived) + len(report.score) + len(report.unopened)
     lines = [f"result {report.result}: {n} problem(s)", f"  {rate}"]
     lines += [f"  {p.kind}: {p.message}" for p in report.problems]
     lines += [f"  derived: {d}" for d in report.derived]
     lines += [f"  {p.kind}: {p.message}" for p in report.score]
+    lines += [f"  commitment: {u}" for u in report.unopened]
     return lines + notes
 
 
@@ -182,9 +193,11 @@ def verify_result(
         remade = check_answer_columns(store, root)
         score = check_score(store, root)
     forged = score.problems if score is not None else []
+    # the answers against the set's published commitment, when it has one
+    opened = _opened(store, root) if derived and not problems else Opened()
     return VerifyReport(
         result=root.hex(),
-        ok=not problems and not remade and not forged,
+        ok=not problems and not remade and not forged and not opened.problems,
         objects=found.objects,
         bytes=found.nbytes,
         seconds=seconds,
@@ -193,10 +206,19 @@ def verify_result(
         processes=found.processes,
         derived=remade,
         score=forged,
-        notices=score.notices if score is not None else [],
+        notices=(score.notices if score is not None else []) + opened.notices,
         rows=score.rows if score is not None else 0,
         jobs_scored=score.jobs if score is not None else 0,
+        commitment=opened.commitment,
+        unopened=opened.problems,
     )
+
+
+def _opened(store: Store, root: ObjectId) -> Opened:
+    try:
+        return check_opens(store, root)
+    except MedomniError as e:  # a damaged commitment or salts record: said, not raised
+        return Opened(problems=[f"the answer commitment could not be checked: {e}"])
 
 
 def _check_root(store: Store, root: ObjectId, spec: str | ObjectId) -> str:

@@ -83,6 +83,9 @@ class Settings(Spec, frozen=True, kw_only=True, forbid_unknown_fields=False):
         secrets: Environment variables holding secrets (API keys, tokens); their values are
             redacted from the logs, errors and answers of every run before they are stored.
             A variable of ``env`` whose name says KEY, TOKEN, SECRET or PASSWORD is one too.
+        endpoint_timeout_sec: For the process runner's endpoint relay: seconds the endpoint
+            may take to answer a request (or send its next chunk) before the harness counts
+            it as not answering (default 120). Set it to at most your agent's own time-out.
     """
 
     scaffold: str
@@ -91,8 +94,11 @@ class Settings(Spec, frozen=True, kw_only=True, forbid_unknown_fields=False):
     env: tuple[str, ...] = ()
     endpoint_env: str = ""
     secrets: tuple[str, ...] = ()
+    endpoint_timeout_sec: float | None = None
 
     def problems(self) -> Problems:
+        if self.endpoint_timeout_sec is not None and not self.endpoint_timeout_sec > 0:
+            yield "endpoint_timeout_sec", "a time-out is more than 0 seconds"
         for i, name in enumerate(self.env):
             if not _ENV_NAME.fullmatch(name):
                 yield f"env[{i}]", f"not an environment variable name: {name!r}"

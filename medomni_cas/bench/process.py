@@ -15,8 +15,20 @@ environment::
                             {"served_model", "tokens_in", "tokens_out", "cost_usd"}; without
                             it the run records the config's served model and no usage. An
                             ``"infra_error": "<why>"`` in it says the model endpoint failed
-                            (a 5xx, a time-out): the run is an infrastructure error, run
-                            again on resume
+                            (a 5xx, a time-out); see "Infrastructure errors" below
+    <endpoint_env>          (the variable the config's ``settings.endpoint_env`` names) this
+                            trial's URL of the endpoint relay, in place of the endpoint's
+
+Infrastructure errors
+---------------------
+An infrastructure error is run again on resume instead of scored, so the harness counts one
+only when it saw the failure itself: the trial could not be staged or started, the sandbox
+failed, or, for an agent's ``infra_error`` claim, the endpoint relay
+(`medomni_cas.bench.endpoint_relay`) logged a fault of the endpoint during this trial (a 5xx
+or 429, no answer within ``settings.endpoint_timeout_sec``, no connection). A claim the relay
+does not bear out (no fault logged, or no relay: the config names no ``endpoint_env``) is kept
+in the run's errors and the run stands as it ended: an agent cannot trade a bad run for a
+new attempt by saying so.
 
 Isolation
 ---------
@@ -46,7 +58,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -56,6 +68,7 @@ from medomni_cas.bench._inotify import OpenWatcher
 from medomni_cas.bench.records import EncoderServed, Outcome
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
 from medomni_cas.bench.scratch import SCRATCH_FOLDER, Scratch
+from medomni_cas.bench.secrets import redactor
 from medomni_cas.bench.staging import RESERVED, stage_atom
 
 __all__ = ["ISOLATIONS", "ProcessRunner", "agent_env", "namespaces_available", "now_iso"]
@@ -179,6 +192,7 @@ class ProcessRunner(Runner):
                 problems.append(
                     f"agent config {job.agent.name}: settings.env names {n}, which is not set"
                 )
+        problems += _relay_problems(job)
         if self.isolation == "namespaces" and (why := namespaces_available()):
             problems.append(f"process runner: isolation=namespaces is not available here: {why}")
         if job.encoders != "none":
@@ -195,12 +209,18 @@ class ProcessRunner(Runner):
             return job.scratch
         return job.folder.parent / SCRATCH_FOLDER  # the runs folder's
 
+    def _scratch(self, job: Job) -> Scratch:
+        # a kept folder holds the agent's logs and files: redacted as its records are
+        redact = redactor(job.agent).folder if self.keep else None
+        return Scratch(self._scratch_root(job), keep=self.keep, redact=redact)
+
     def run(self, job: Job) -> Iterator[Trial]:
         cmd = _command(job)
         isolation = self._isolation()
         with contextlib.ExitStack() as stack:
-            scratch = stack.enter_context(Scratch(self._scratch_root(job), keep=self.keep))
+            scratch = stack.enter_context(self._scratch(job))
             hide = [*_local_paths(job.store), *job.private, job.folder, scratch.root]
+            relay, relay_url = self._relay(job, stack)
             tokens = None
             if job.encoders != "none":
                 # one server for the job, one gateway (budget, filter, log) per atom task,
@@ -212,15 +232,30 @@ class ProcessRunner(Runner):
             for spec in job.trials:
                 folder = scratch.trial()
                 try:
-                    run = _Run(job, spec, cmd, folder, isolation, hide)
+                    run = _Run(job, spec, cmd, folder, isolation, hide, relay, relay_url)
                     trial = run.go(tokens, url if tokens is not None else "")
                     yield trial  # the harness records it before we get here again
                 finally:
                     scratch.remove(folder)
 
+    def _relay(self, job: Job, stack: contextlib.ExitStack) -> tuple[Any, str]:
+        """The endpoint relay of the job (and its URL), when the config names an http(s)
+        endpoint; (None, "") otherwise."""
+        from medomni_cas.bench.endpoint_relay import DEFAULT_TIMEOUT_SEC, EndpointRelay, relayable
+        from medomni_cas.bench.perception import serve
+        from medomni_cas.bench.routes import endpoint_url
+
+        upstream = endpoint_url(job.agent)
+        if not upstream or not relayable(upstream):
+            return None, ""
+
+        timeout = job.agent.options.get("endpoint_timeout_sec") or DEFAULT_TIMEOUT_SEC
+        relay = EndpointRelay(upstream, timeout=float(timeout))
+        return relay, stack.enter_context(serve(relay, host="127.0.0.1", port=0))
+
     # kept for runners built on this one (tests, wrappers): one trial in a folder of its own
     def _trial(self, job: Job, spec: TrialSpec, cmd: Sequence[str]) -> Trial:
-        with Scratch(self._scratch_root(job), keep=self.keep) as scratch:
+        with self._scratch(job) as scratch:
             folder = scratch.trial()
             hide = [*_local_paths(job.store), *job.private, job.folder, scratch.root]
             if job.encoders == "none":
@@ -243,9 +278,12 @@ class _Run:
         folder: Path,
         isolation: str,
         hide: Sequence[Path],
+        relay: Any = None,
+        relay_url: str = "",
     ) -> None:
         self.job, self.spec, self.cmd, self.folder = job, spec, cmd, folder
         self.isolation, self.hide = isolation, hide
+        self.relay, self.relay_url = relay, relay_url
         # what the agent may see is agent/; the logs and the sandbox's status sit beside it
         self.agent = folder / "agent"
         self.work = self.agent / "workspace"
@@ -281,6 +319,10 @@ class _Run:
             )
             token = tokens.issue(gateway)
             own["MEDOMNI_PERCEPTION_URL"] = f"{url}{tokens.PREFIX}{token}"
+        relay_token = ""
+        if self.relay is not None:
+            relay_token = self.relay.issue()
+            own[job.agent.options["endpoint_env"]] = self.relay.url(self.relay_url, relay_token)
         env = agent_env(job, self.cmd, own)
         try:
             with OpenWatcher(self.work, ignore=RESERVED) as watcher:
@@ -289,6 +331,8 @@ class _Run:
         finally:
             if tokens is not None:
                 tokens.revoke(token)  # whatever it left running can call no more
+            if self.relay is not None:
+                self.relay.revoke(relay_token)
         trial = Trial(
             slot=spec.slot,
             attempt=spec.attempt,
@@ -303,7 +347,9 @@ class _Run:
             environment="local",
             isolation=self.isolation,
         )
-        _read_run_info(self.run_info, trial)
+        _read_run_info(self.run_info, trial, self._endpoint_faults(relay_token))
+        if self.relay is not None:
+            self.relay.forget(relay_token)
         if trial.outcome == "infra-error":
             return trial
         if answer_path.is_file():
@@ -318,6 +364,16 @@ class _Run:
                 for e in gateway.encoders_served()
             ]
         return trial
+
+    def _endpoint_faults(self, token: str) -> Callable[[], list[str]]:
+        """What the relay saw the endpoint fail in this trial, asked only for a claim."""
+
+        def faults() -> list[str]:
+            if self.relay is None:
+                return []
+            return [c.describe() for c in self.relay.faults(token)]
+
+        return faults
 
     def _launcher(self, status: Path) -> list[str]:
         argv = [sys.executable, "-I", "-S", _SANDBOX, "--isolation", self.isolation]
@@ -385,6 +441,23 @@ class _Run:
         return "answered", [], stdout, stderr
 
 
+def _relay_problems(job: Job) -> list[str]:
+    """What the endpoint relay needs and lacks (the web stack of the ``bench`` extra)."""
+    from medomni_cas._extras import MissingExtra, require
+    from medomni_cas.bench.endpoint_relay import relayable
+    from medomni_cas.bench.routes import endpoint_url
+
+    upstream = endpoint_url(job.agent)
+    if not upstream or not relayable(upstream):
+        return []
+    try:
+        for module in ("starlette", "uvicorn", "httpx"):
+            require(module, "bench", "the process runner's relay to the model endpoint")
+    except MissingExtra as e:
+        return [f"agent config {job.agent.name}: {e}"]
+    return []
+
+
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
     """`Popen.wait`, woken the moment the process exits (``wait(timeout=)`` polls in naps
     of up to 50 ms, which a set of many short trials pays for each)."""
@@ -423,8 +496,10 @@ def _infra(spec: TrialSpec, started: str, t0: float, error: str) -> Trial:
     )
 
 
-def _read_run_info(path: Path, trial: Trial) -> None:
-    """What the agent says its provider reported; a malformed file is the agent's error."""
+def _read_run_info(path: Path, trial: Trial, faults: Callable[[], list[str]] = lambda: []) -> None:
+    """What the agent says its provider reported; a malformed file is the agent's error.
+    ``faults`` says what the endpoint relay saw fail (module docstring: Infrastructure
+    errors)."""
     if not path.is_file():
         return
     import msgspec
@@ -440,9 +515,17 @@ def _read_run_info(path: Path, trial: Trial) -> None:
                 setattr(trial, key, int(info[key]))
         why = info.get("infra_error")
         if why and trial.outcome in ("answered", "agent-failed"):
-            # the agent says its model endpoint failed: not its own outcome, so run again
-            trial.outcome = "infra-error"
-            trial.errors.insert(0, f"model endpoint: {why}")
+            # the agent says its model endpoint failed: run again only if the relay saw it
+            seen = faults()
+            if seen:
+                trial.outcome = "infra-error"
+                trial.errors[:0] = [f"model endpoint: {why}", f"the relay saw: {seen[0]}"]
+            else:
+                trial.errors.append(
+                    f"MEDOMNI_RUN_INFO: the agent says its model endpoint failed ({why}), "
+                    "but the harness saw no fault of the endpoint in this run: it stands "
+                    "as it ended"
+                )
         if info.get("cost_usd") is not None:
             cost = float(info["cost_usd"])
             if cost != cost or cost in (float("inf"), float("-inf")) or cost < 0:

@@ -10,6 +10,10 @@ Layout
         <trial>/                mode 0700, one per trial, removed when it is recorded
       kept-<owner>/             what ``keep`` kept; never swept
 
+A kept folder holds what an agent wrote (its logs, its tmp files), so it is passed through
+``redact`` (the agent config's `medomni_cas.bench.secrets.Redactor.folder`) as each trial
+ends and again when the owner closes: what is kept holds no secret the store would not.
+
 Names are 128 random bits, so no other process can guess a trial's folder. The lock is
 what says the owner lives: the kernel releases it when the owner process dies however it
 died (SIGKILL, a crash, a power cut of a lock-holding host), so `sweep` removes exactly
@@ -25,6 +29,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["SCRATCH_FOLDER", "Scratch", "sweep"]
@@ -92,12 +97,20 @@ def sweep(root: Path) -> list[Path]:
 class Scratch:
     """One runner process's folder under ``root``: swept on entry, holding trial folders.
 
-    ``keep`` keeps the trial folders (renamed ``kept-<owner>/`` on close) for debugging.
+    ``keep`` keeps the trial folders (renamed ``kept-<owner>/`` on close) for debugging,
+    each passed through ``redact`` first.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, keep: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        keep: bool = False,
+        redact: Callable[[Path], object] | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
         self.keep = keep
+        self.redact = redact
         _private(self.root)
         self.swept = sweep(self.root)
         name = secrets.token_hex(16)
@@ -119,15 +132,19 @@ class Scratch:
         return path
 
     def remove(self, path: Path) -> None:
-        """Remove a trial's folder (unless kept)."""
+        """Remove a trial's folder (unless kept: then redact it)."""
         if not self.keep:
             shutil.rmtree(path, ignore_errors=True)
+        elif self.redact is not None:
+            self.redact(path)
 
     def close(self) -> None:
         """Remove (or keep) this owner's folder and release its lock."""
         if self._fd < 0:
             return
         if self.keep:
+            if self.redact is not None:
+                self.redact(self.folder)  # trials never passed to `remove` too
             with contextlib.suppress(OSError):
                 os.rename(self.folder, self.root / f"{_KEPT}{self.folder.name}")
         shutil.rmtree(self.folder, ignore_errors=True)

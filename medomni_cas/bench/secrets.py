@@ -8,11 +8,13 @@ any bearer token (``Bearer <token>``), whoever's it is. What is never stored can
 log blob, a run folder (a view of the records), a bundle or a push.
 
 Runners that keep files of their own in the run folder (the Harbor runner's trial folders)
-redact them with `Redactor.folder`.
+redact them with `Redactor.folder`, and so are scratch folders kept for debugging
+(`medomni_cas.bench.scratch`, the process runner's ``keep=1``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -27,6 +29,7 @@ __all__ = ["Redactor", "redactor", "secret_names"]
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 _BEARER = re.compile(rb"(Bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 _MIN_LEN = 6  # shorter values would redact ordinary words; no real key is that short
+_MAX_FILE = 256 << 20  # a kept file larger than this is removed, not read whole
 
 
 def secret_names(agent: AgentConfig) -> list[str]:
@@ -64,17 +67,56 @@ class Redactor:
         return trial
 
     def folder(self, root: Path) -> int:
-        """Redact every regular file under ``root`` in place; how many changed."""
+        """Redact every regular file under ``root`` in place; how many changed.
+
+        The files may be an agent's, made to resist: a folder or file it made unreadable
+        is made ours again first (it ran as us), and a file that still cannot be read and
+        rewritten, or is too large to read whole, is removed rather than kept unredacted.
+        Symbolic links are left as they are (they hold a path, not the bytes)."""
         changed = 0
-        for path in root.rglob("*"):
-            if not path.is_file() or path.is_symlink():
-                continue
-            data = path.read_bytes()
-            redacted = self.clean(data)
-            if redacted != data:
-                path.write_bytes(redacted)
-                changed += 1
+        if not root.is_dir() or root.is_symlink():
+            return changed
+        _own(root, 0o700)
+        for top, dirs, files in os.walk(root):
+            for d in dirs:
+                path = Path(top, d)
+                if not path.is_symlink():
+                    _own(path, 0o700)  # before os.walk lists it
+            for f in files:
+                path = Path(top, f)
+                if path.is_symlink() or not path.is_file():
+                    continue
+                try:
+                    changed += self._file(path)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                    changed += 1
         return changed
+
+    def _file(self, path: Path) -> int:
+        st = path.lstat()
+        if st.st_nlink == 1:  # a hard link's mode is the other file's too: left as it is
+            _own(path, 0o600)
+        if st.st_size > _MAX_FILE:
+            raise OSError(f"{path}: too large to redact")
+        data = path.read_bytes()
+        redacted = self.clean(data)
+        if redacted == data:
+            return 0
+        # a new file renamed over the old: a hard link the agent made to a file elsewhere
+        # keeps that file's bytes as they are
+        tmp = path.with_name(f".{path.name}.redacted")
+        tmp.write_bytes(redacted)
+        os.replace(tmp, path)
+        return 1
+
+
+def _own(path: Path, mode: int) -> None:
+    """Give us read and write (and search, for a folder) on ``path``, if it lacks them."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_mode & mode != mode:
+            os.chmod(path, path.stat().st_mode | mode)
 
 
 def redactor(agent: AgentConfig, environ: Mapping[str, str] | None = None) -> Redactor:

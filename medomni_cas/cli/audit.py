@@ -9,7 +9,15 @@
   object and where it sits, and each row or link that is not what the jobs give;
 * ``diff <a> <b>``: which inputs of two results differ (exit 1 when they differ, as
   ``git diff --exit-code``);
-* ``export <result> [-o FILE]``: W3C PROV-JSON.
+* ``export <result> [-o FILE]``: W3C PROV-JSON;
+* ``attest <result> --key KEY -o FILE``: verify the result and sign an in-toto statement
+  of it (a DSSE envelope; `medomni_cas.audit.attest`), stored under
+  ``attestations/<set>/<keyid>`` too; exit 1 when the result fails (it is attested as
+  FAILED);
+* ``verify-attestation FILE --pub KEY [--store URL]``: check the signature; with
+  ``--store``, also that the subject is there and verifies to the same statement;
+* ``verify-reveal FILE [--commitment ID]``: check revealed answers against the published
+  answer commitment (the file's, or ``--commitment``; the object must be in the store).
 
 ``<result>`` is a set name such as ``medomni-bench/v1`` (its latest score), an id, a
 unique prefix of 8+ hex characters, or a ref name such as ``results/medomni-bench/v1``
@@ -23,6 +31,7 @@ import sys
 from pathlib import Path
 
 from medomni_cas import porcelain
+from medomni_cas.audit.attest import attestation_lines
 from medomni_cas.audit.diff import render_text as diff_text
 from medomni_cas.audit.provenance import render_text as provenance_text
 from medomni_cas.audit.verify import render_text as verify_text
@@ -52,10 +61,11 @@ def cmd_show(args: argparse.Namespace) -> int:
             from medomni_cas.bench.contrasts import comparison_lines
 
             cid, record = found
+            signed = porcelain.attestations(store, cid)
             emit(
                 args,
-                to_builtins({"comparison": cid, **to_builtins(record)}),
-                comparison_lines(cid, record),
+                to_builtins({"comparison": cid, **to_builtins(record), "attestations": signed}),
+                comparison_lines(cid, record) + attestation_lines(signed),
             )
             return EXIT_OK
         p = porcelain.provenance(store, args.result, runs=args.runs)
@@ -98,6 +108,73 @@ def cmd_export(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{n} {k}" for k, n in counts.items())
     emit(args, {"path": str(path), **counts}, f"wrote {path}: {summary}")
     return EXIT_OK
+
+
+def cmd_attest(args: argparse.Namespace) -> int:
+    """Verify a result and sign its in-toto statement; exit 1 when it fails verification."""
+    with open_store(args) as store:
+        done = porcelain.attest(store, args.result, args.key, output=args.output)
+    data = {
+        "subject": done.subject.hex(),
+        "name": done.subject_name,
+        "result": done.check.result,
+        "keyid": done.keyid,
+        "attestation": done.attestation.hex(),
+        "ref": done.ref,
+        "path": args.output,
+        "failed": list(done.check.failed),
+        "messages": list(done.check.messages),
+    }
+    lines = [
+        f"{done.subject_name} {done.subject.hex()}: {done.check.result}",
+        f"  signed by keyid {done.keyid}; wrote {args.output}",
+        f"  stored attestation {done.attestation.hex()} as {done.ref}",
+    ]
+    lines += [f"  {m}" for m in done.check.messages]
+    emit(args, data, lines)
+    return EXIT_PROBLEM if done.check.result == "FAILED" else EXIT_OK
+
+
+def cmd_verify_attestation(args: argparse.Namespace) -> int:
+    """Check an attestation's signature and, with --store, its subject; exit 1 naming each
+    part that fails."""
+    url = getattr(args, "store", None)
+    if url:
+        with open_store(args) as store:
+            report = porcelain.verify_attestation(args.file, args.pub, store)
+    else:
+        report = porcelain.verify_attestation(args.file, args.pub)
+    where = (
+        f"; subject {report.subject} {report.subject_id[:12]} verified again in {url}"
+        if report.checked_store
+        else "; no --store: the subject was not checked"
+    )
+    if report.ok:
+        lines = [f"attestation {args.file}: ok ({report.result}, keyid {report.keyid}{where})"]
+    else:
+        lines = [f"attestation {args.file}: {len(report.problems)} problem(s)"]
+        lines += [f"  {p.message}" for p in report.problems]
+        lines += [f"  store: {m}" for m in report.messages]
+    emit(args, to_builtins(report), lines)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def cmd_verify_reveal(args: argparse.Namespace) -> int:
+    """Check a reveal's openings against the published commitment; exit 1 naming each
+    part that fails."""
+    with open_store(args) as store:
+        report = porcelain.verify_reveal(store, args.file, commitment=args.commitment)
+    head = f"reveal {args.file}: commitment {report.commitment[:12]} of {report.set}"
+    if report.ok:
+        lines = [f"{head}: ok, {report.opened} openings open root {report.root[:16]}"]
+    else:
+        lines = [
+            f"{head}: {len(report.problems)} problem(s), {report.opened} of "
+            f"{report.openings} openings open root {report.root[:16]}"
+        ]
+        lines += [f"  {p.message}" for p in report.problems]
+    emit(args, to_builtins(report), lines)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
 def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -146,4 +223,40 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=10_000,
         metavar="N",
         help="atom tasks and runs listed one by one up to N, summarised beyond (default 10000)",
+    )
+
+    v = add_command(
+        verbs, "attest", cmd_attest, "verify a result and sign an in-toto statement of it"
+    )
+    v.add_argument("result", metavar="RESULT", help=_RESULT)
+    v.add_argument(
+        "--key", required=True, metavar="KEY", help="Ed25519 private key, PEM (medomni keygen)"
+    )
+    v.add_argument(
+        "-o", "--output", required=True, metavar="FILE", help="write the DSSE envelope here"
+    )
+
+    v = add_command(
+        verbs,
+        "verify-attestation",
+        cmd_verify_attestation,
+        "check an attestation's signature and, with --store, its subject",
+    )
+    v.add_argument("file", metavar="FILE", help="a DSSE envelope (audit attest -o)")
+    v.add_argument(
+        "--pub", required=True, metavar="KEY", help="the signer's Ed25519 public key, PEM"
+    )
+
+    v = add_command(
+        verbs,
+        "verify-reveal",
+        cmd_verify_reveal,
+        "check revealed answers against a set's published answer commitment",
+    )
+    v.add_argument("file", metavar="FILE", help="a reveal (studio taskset reveal -o)")
+    v.add_argument(
+        "--commitment",
+        metavar="ID",
+        help="the published commitment: an id, prefix or ref (default: the file's, which "
+        "must be in the store)",
     )

@@ -25,6 +25,8 @@ GROUPS: tuple[str, ...] = (
     "medomni_cas.cli.bench",
     "medomni_cas.cli.audit",
     "medomni_cas.cli.plugins",
+    "medomni_cas.cli.view",
+    "medomni_cas.cli.keys",
 )
 
 

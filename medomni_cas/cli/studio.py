@@ -1,5 +1,6 @@
 """``medomni studio …``: build tasks and task sets, show, publish and rebuild sets, sign off
-templates. Folders default to the workspace's (``workspace.yaml``: ``studio``, ``bench``)."""
+templates, commit to a set's answers and reveal them. Folders default to the workspace's
+(``workspace.yaml``: ``studio``, ``bench``)."""
 
 from __future__ import annotations
 
@@ -176,6 +177,7 @@ def cmd_taskset_publish(args: argparse.Namespace) -> int:
             with_data=args.with_data,
             studio=folders.get("studio", args.studio),
             bench=folders.get("bench", args.bench),
+            with_commitment=not args.no_commitment,
         )
     what = (
         "with data: evidence and answer keys"
@@ -213,6 +215,50 @@ def cmd_taskset_rebuild(args: argparse.Namespace) -> int:
     data = {"name": name, "ok": ok, "pairs": [to_builtins(r) for r in rows]}
     emit(args, data, lines)
     return EXIT_OK if ok else EXIT_PROBLEM
+
+
+def cmd_taskset_commit(args: argparse.Namespace) -> int:
+    """Commit to the answers of the set's latest build: a salted Merkle root, publishable;
+    the salts stay in this store with the answer keys."""
+    with open_store(args) as store:
+        done = porcelain.commit_set(store, args.name)
+    rec = done.record
+    data = {
+        "set": done.set,
+        "commitment": done.commitment.hex(),
+        "new": done.new,
+        "ref": done.ref,
+        "root": rec.root,
+        "leaves": rec.leaves,
+        "scheme": rec.scheme,
+        "set_build": rec.set_build,
+    }
+    state = "committed" if done.new else "already committed"
+    lines = [
+        f"{state} {done.set}: commitment {done.commitment.hex()} ({done.ref})",
+        f"  root {rec.root}, {rec.leaves} leaves, set build {rec.set_build[:12]}",
+        f"  scheme {rec.scheme}",
+    ]
+    emit(args, data, lines)
+    return EXIT_OK
+
+
+def cmd_taskset_reveal(args: argparse.Namespace) -> int:
+    """Write the openings (answer, salt, inclusion proof) of some or all atoms."""
+    with open_store(args) as store:
+        doc = porcelain.reveal_set(
+            store,
+            args.name,
+            args.output,
+            atoms=args.atoms,
+            folders=workspace_folders(),
+            studio=args.studio,
+            allow_credentialed=args.reveal_credentialed,
+        )
+    n = len(doc["openings"])
+    data = {"path": args.output, "commitment": doc["commitment"], "openings": n}
+    emit(args, data, f"wrote {args.output}: {n} openings of commitment {doc['commitment']}")
+    return EXIT_OK
 
 
 def cmd_template_signoff(args: argparse.Namespace) -> int:
@@ -302,6 +348,12 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     # the default since --with-data: kept so that scripts written before keep working
     holds.add_argument("--configs-only", action="store_true", help="the default (kept for scripts)")
+    p.add_argument(
+        "--no-commitment",
+        action="store_true",
+        help="leave out the set's answer commitment (by default it goes along when the "
+        "set has one for this build; its salts never do)",
+    )
     _folders(p, bench=True)
     p = add_command(ts, "rebuild", cmd_taskset_rebuild, "rebuild a published set and compare")
     p.add_argument("bundle", metavar="BUNDLE")
@@ -313,6 +365,26 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--bench", metavar="DIR", help=argparse.SUPPRESS)  # not read; old scripts
     _folders(p, data=True)
+
+    p = add_command(
+        ts, "commit", cmd_taskset_commit, "commit to a set's answers (a salted Merkle root)"
+    )
+    p.add_argument("name", metavar="BENCHMARK/SET")
+    p = add_command(ts, "reveal", cmd_taskset_reveal, "open a committed set's answers with proofs")
+    p.add_argument("name", metavar="BENCHMARK/SET")
+    p.add_argument(
+        "--atoms",
+        nargs="+",
+        metavar="ATOM",
+        help="atom ids or unique prefixes (8+ hex characters); default: every atom",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
+    p.add_argument(
+        "--reveal-credentialed",
+        action="store_true",
+        help="reveal a set that reads credentialed data (its answers are patient data)",
+    )
+    _folders(p)
 
     tpl = _group(studio, "template", "templates")
     p = add_command(tpl, "signoff", cmd_template_signoff, "freeze a template")

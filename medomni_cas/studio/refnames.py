@@ -17,6 +17,12 @@ Each prefix, what its refs point at, and who moves them::
                                      data: the rebuild cache, create-only
     studio/signoff/<template>        the signed-off `TemplateRecord`         signoff
     published/<benchmark>/<set>      a `PublishedSet`, in a bundle           tasksets.publish
+    studio/commitments/<benchmark>/<set>
+                                     the set's `AnswerCommitment`: the root  commitments.commit
+                                     of its salted answers, publishable
+    studio/answer-salts/<benchmark>/<set>
+                                     its `AnswerSalts`: secret, kept with    commitments.commit
+                                     the answer keys, never published
 
 Names on disk are forever: a store written before keeps its refs.
 
@@ -29,13 +35,17 @@ from medomni_cas.store.ids import ObjectId
 from medomni_cas.studio.arms import arm_label
 
 __all__ = [
+    "ANSWER_SALT_REFS",
+    "COMMITMENT_REFS",
     "BUILD_CACHE_REFS",
     "PAIR_REFS",
     "PUBLISHED_REFS",
     "SET_BUILD_REFS",
     "SIGNOFF_REFS",
     "TASK_SET_REFS",
+    "answer_salts_ref",
     "build_cache_ref",
+    "commitment_ref",
     "pair_ref",
     "published_ref",
     "set_build_ref",
@@ -49,6 +59,8 @@ PAIR_REFS = "studio/pairs/"
 BUILD_CACHE_REFS = "studio/builds/"
 SIGNOFF_REFS = "studio/signoff/"
 PUBLISHED_REFS = "published/"
+COMMITMENT_REFS = "studio/commitments/"
+ANSWER_SALT_REFS = "studio/answer-salts/"
 
 
 def task_set_ref(name: str) -> str:
@@ -73,3 +85,11 @@ def signoff_ref(template: str) -> str:
 
 def published_ref(name: str) -> str:
     return f"{PUBLISHED_REFS}{name}"
+
+
+def commitment_ref(name: str) -> str:
+    return f"{COMMITMENT_REFS}{name}"
+
+
+def answer_salts_ref(name: str) -> str:
+    return f"{ANSWER_SALT_REFS}{name}"

@@ -33,6 +33,7 @@ from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_build
 from medomni_cas.studio.benchmarks import benchmark_card, open_benchmark, split_set_name
 from medomni_cas.studio.build import Built, build_configs, build_pair, config_problems
+from medomni_cas.studio.commitments import commitment_of
 from medomni_cas.studio.folders import FrozenPair, find_template, load_dataset, load_template
 from medomni_cas.studio.records import (
     BuildConfig,
@@ -44,7 +45,13 @@ from medomni_cas.studio.records import (
     SetEntry,
     TaskSetRecord,
 )
-from medomni_cas.studio.refnames import TASK_SET_REFS, published_ref, set_build_ref, task_set_ref
+from medomni_cas.studio.refnames import (
+    TASK_SET_REFS,
+    commitment_ref,
+    published_ref,
+    set_build_ref,
+    task_set_ref,
+)
 from medomni_cas.studio.schema import LADDER_ARM, Dataset, TaskSet, Version
 
 __all__ = [
@@ -326,6 +333,7 @@ def publish(
     with_data: bool = False,
     studio: str | Path | None = None,
     bench: str | Path | None = None,
+    with_commitment: bool = True,
 ) -> BundleInfo:
     """Write ``<benchmark>/<set>``'s bundle to ``path``.
 
@@ -335,12 +343,26 @@ def publish(
     a credentialed dataset (``credentialed: true`` in its ``dataset.yaml``, or one the
     studio does not show). The manifest says which (``holds``: `CONFIGS_ONLY` or
     `WITH_DATA`, and ``task_set``: the name).
+
+    The set's answer commitment (`medomni_cas.studio.commitments`), when it has one for
+    this build, goes along by default (``with_commitment``): the small `AnswerCommitment`
+    under ``studio/commitments/<set>``, and ``commitment`` in the manifest. Its salts never
+    do, in either kind of bundle.
     """
     view = show_set(store, name)
     if not view.entries:
         raise TaskSetError(f"task set {name} has no build; run `medomni studio taskset build`")
     studio_path = Path(studio) if studio is not None else None
     refs = {task_set_ref(name): view.task_set}
+    extra: dict[str, str] = {}
+    committed = commitment_of(store, name) if with_commitment else None
+    if (
+        committed is not None
+        and view.build is not None
+        and (committed[1].set_build == view.build.hex())
+    ):
+        refs[commitment_ref(name)] = committed[0]
+        extra["commitment"] = committed[0].hex()
     if with_data:
         cred = _credentialed(store, studio_path, view.entries)
         if cred:
@@ -354,7 +376,7 @@ def publish(
             [view.build],
             path,
             refs=refs | {set_build_ref(name): view.build},
-            manifest={HOLDS: WITH_DATA, "task_set": name},
+            manifest={HOLDS: WITH_DATA, "task_set": name, **extra},
         )
     bench_name, _ = split_set_name(name)
     if studio_path is None:
@@ -382,7 +404,7 @@ def publish(
         [pub],
         path,
         refs=refs | {published_ref(name): pub},
-        manifest={HOLDS: CONFIGS_ONLY, "task_set": name},
+        manifest={HOLDS: CONFIGS_ONLY, "task_set": name, **extra},
     )
 
 

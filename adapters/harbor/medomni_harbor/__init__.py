@@ -1,7 +1,7 @@
 """medomni-harbor: the Harbor runner plug-in.
 
 Atom tasks rendered as Harbor task folders, run by Harbor (``harbor.job.Job``) in Docker
-containers with no network but the perception sidecar, and collected into the harness's
+containers with no network but the perception relay, and collected into the harness's
 `Trial`s. Registered as runner ``harbor`` in ``medomni.runners``.
 
 Importing this package makes Harbor offline: LiteLLM's bundled cost map instead of a download

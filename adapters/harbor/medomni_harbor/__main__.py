@@ -1,4 +1,5 @@
-"""``python -m medomni_harbor images``: build the perception image on the engine (no registry).
+"""``python -m medomni_harbor images``: build the perception relay's image on the engine (no
+registry).
 
 Prints the tag and image id; the agent image (``local/base:1``) must be on the engine already
 (``bash .ci/docker-engine image`` imports it).
@@ -16,16 +17,16 @@ from medomni_harbor import images
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m medomni_harbor")
     verbs = p.add_subparsers(dest="verb", required=True)
-    b = verbs.add_parser("images", help="build the perception image for this machine")
+    b = verbs.add_parser("images", help="build the perception relay's image")
     b.add_argument("--docker-host", default=None, help="the engine (default: $DOCKER_HOST)")
     b.add_argument("--base", default=images.AGENT_IMAGE, help="the image it is built FROM")
     args = p.parse_args(argv)
     try:
-        image = images.ensure_perception_image(args.docker_host, args.base)
+        image = images.ensure_relay_image(args.docker_host, args.base)
     except Exception as e:
         print(f"medomni_harbor: {e}", file=sys.stderr)
         return 1
-    print(f"{images.perception_tag(args.docker_host, args.base)} {image.id}")
+    print(f"{images.relay_tag(args.docker_host, args.base)} {image.id}")
     return 0
 
 

@@ -85,16 +85,26 @@ def _alive(label: str) -> bool:
 
 
 def remove_stale(host: str | None = None) -> list[str]:
-    """Remove containers of this plug-in whose owning process (on this host) is gone, as a
-    killed run leaves them (``sleep infinity`` never ends). Returns their names."""
+    """Remove containers (and named volumes) of this plug-in whose owning process (on this
+    host) is gone, as a killed run leaves them (``sleep infinity`` never ends). Returns their
+    names."""
     c = client(host)
     removed = []
-    for ctr in c.containers.list(all=True, filters={"label": LABEL}):
+    # another run on a shared engine may remove its containers while we list them
+    for ctr in c.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
         if not _alive(ctr.labels.get(OWNER_LABEL, "")):
             try:
                 ctr.remove(force=True)
                 removed.append(ctr.name)
             except Exception:  # removed meanwhile by its own run: fine
+                pass
+    # the job gateways' named volumes (the relays' socket), once no container uses them
+    for vol in c.volumes.list(filters={"label": LABEL}):
+        if not _alive((vol.attrs.get("Labels") or {}).get(OWNER_LABEL, "")):
+            try:
+                vol.remove(force=True)
+                removed.append(vol.name)
+            except Exception:
                 pass
     return removed
 

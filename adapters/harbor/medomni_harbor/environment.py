@@ -1,24 +1,27 @@
-"""A Harbor environment on the docker SDK: a closed network, and the perception sidecar.
+"""A Harbor environment on the docker SDK: a closed network, and the perception relay.
 
 Harbor loads it through ``environment.import_path`` =
 ``medomni_harbor.environment:MedomniDockerEnvironment``; it needs no ``docker compose``.
 Per trial it starts:
 
 * when the task attaches the perception service (``[metadata.medomni.perception]`` in its
-  ``task.toml``), a sidecar from the perception image with ``--network none`` and
-  ``--add-host perception:127.0.0.1``, serving the task's gateway on port 8899 with its budget,
-  family filter and call log; the task's evidence is copied into it, not mounted;
+  ``task.toml``), the trial's **relay**: the relay image (a static binary on the busybox
+  base, no host mounts) with ``--network none`` and ``--add-host perception:127.0.0.1``,
+  listening on port 8899 and forwarding each request, with the trial's token, through a unix
+  socket in the job's named volume to the job's gateway (`medomni_harbor.gateway`), where
+  the trial's budget, family filter and call log are kept;
 * the agent's container from the task's ``docker_image``, with ``sleep infinity`` as its main
   process (under ``--init``), the task's cpus and memory as hard limits, and either
-  ``--network container:<sidecar>`` (it shares the sidecar's loopback, so
+  ``--network container:<relay>`` (it shares the relay's loopback, so
   ``http://perception:8899`` answers and nothing else does) or ``--network none``.
 
 Neither container has any interface but ``lo`` nor any route: this does not depend on the
 engine's iptables (a Docker ``--internal`` network does, and leaks without them). Commands run
 as ``bash -c``; files move as tar archives (``put_archive``/``get_archive``). When the trial
-stops, the sidecar's call log and served-encoder list go to ``<trial>/perception/``, and both
-containers are removed. Containers carry the owning process in a label, so a later run removes
-what a killed one left behind (`medomni_harbor._docker.remove_stale`).
+stops, its token is revoked, its call log and served-encoder list go to
+``<trial>/perception/``, and both containers are removed. Containers carry the owning process
+in a label, so a later run removes what a killed one left behind
+(`medomni_harbor._docker.remove_stale`).
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ import contextlib
 import json
 import os
 import shlex
-import time
-import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -38,8 +39,8 @@ from harbor.environments.capabilities import (
     EnvironmentResourceCapabilities,
 )
 
-from medomni_harbor import _docker
-from medomni_harbor.images import sidecar_runtime
+from medomni_harbor import _docker, gateway
+from medomni_harbor.gateway import PERCEPTION_DIR, RELAY_MOUNT, RELAY_SOCKET, perception_of
 
 __all__ = [
     "PERCEPTION_DIR",
@@ -50,7 +51,6 @@ __all__ = [
 ]
 
 PERCEPTION_PORT = 8899
-PERCEPTION_DIR = "perception"  # in the trial folder: encoders.json, calls.jsonl, sidecar.log
 # Go's os.FileMode bits, as the engine's stat reports them
 _MODE_DIR = 1 << 31
 _MODE_SYMLINK = 1 << 27
@@ -77,16 +77,6 @@ async def _engine(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise ContainerFailure(f"the Docker engine failed: {e}") from e
 
 
-def perception_of(task_dir: Path) -> dict[str, Any] | None:
-    """The perception block of a rendered task (``[metadata.medomni.perception]``), if any."""
-    path = task_dir / "task.toml"
-    if not path.is_file():
-        return None
-    meta = tomllib.loads(path.read_text()).get("metadata", {}).get("medomni", {})
-    block = meta.get("perception")
-    return dict(block) if block else None
-
-
 def _name(session_id: str, role: str) -> str:
     safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in session_id)
     return f"mdh-{safe}-{role}"[:120]
@@ -96,9 +86,10 @@ class MedomniDockerEnvironment(BaseEnvironment):
     """One trial's containers on a Docker engine (see the module docstring).
 
     Keyword arguments (Harbor's ``environment.kwargs``): ``docker_host`` (default
-    ``$DOCKER_HOST``), ``perception_image`` (needed when a task attaches the service),
-    ``sidecar_cpus`` and ``sidecar_memory_mb`` (the sidecar's own limits), ``health_timeout_sec``
-    (how long the gateway may take to answer).
+    ``$DOCKER_HOST``), ``relay_image`` (needed when a task attaches the service),
+    ``relay_cpus`` and ``relay_memory_mb`` (the relay's own limits), ``health_timeout_sec``
+    (how long the relay may take to listen). A task that attaches the service runs only
+    inside a job whose gateway is open in this process (`medomni_harbor.gateway`).
     """
 
     def __init__(
@@ -111,20 +102,22 @@ class MedomniDockerEnvironment(BaseEnvironment):
         logger: Any = None,
         *args: Any,
         docker_host: str | None = None,
-        perception_image: str | None = None,
-        sidecar_cpus: float = 1.0,
-        sidecar_memory_mb: int = 1024,
+        relay_image: str | None = None,
+        relay_cpus: float = 0.25,
+        relay_memory_mb: int = 32,
         health_timeout_sec: float = 60.0,
         **kwargs: Any,
     ) -> None:
         self._host = _docker.docker_host(docker_host)
-        self._perception = perception_of(Path(environment_dir).parent)
-        self._perception_image = perception_image
-        self._sidecar_cpus = sidecar_cpus
-        self._sidecar_memory_mb = sidecar_memory_mb
+        self._task_dir = Path(environment_dir).parent
+        self._perception = perception_of(self._task_dir)
+        self._relay_image = relay_image
+        self._relay_cpus = relay_cpus
+        self._relay_memory_mb = relay_memory_mb
         self._health_timeout = health_timeout_sec
         self._main: Any = None
-        self._sidecar: Any = None
+        self._relay: Any = None
+        self._gateway: gateway.JobGateway | None = None
         super().__init__(
             environment_dir,
             environment_name,
@@ -143,7 +136,7 @@ class MedomniDockerEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        # no-network is enforced (network none, or a sidecar's loopback-only namespace)
+        # no-network is enforced (network none, or the relay's loopback-only namespace)
         return EnvironmentCapabilities(disable_internet=True)
 
     @classmethod
@@ -196,8 +189,8 @@ class MedomniDockerEnvironment(BaseEnvironment):
         c = _docker.client(self._host)
         network = "none"
         if self._perception is not None:
-            self._start_sidecar(c)
-            network = f"container:{self._sidecar.id}"
+            self._start_relay(c)
+            network = f"container:{self._relay.id}"
         cpus = self._resource_limit_value("cpu", auto_mode=_limit_mode())
         memory = self._resource_limit_value("memory", auto_mode=_limit_mode())
         self._main = c.containers.create(
@@ -219,8 +212,6 @@ class MedomniDockerEnvironment(BaseEnvironment):
         if self._upload_environment_dir():
             self._main.put_archive(self.workdir, _docker.tar_tree(self.environment_dir))
         self._main.start()
-        if self._sidecar is not None:
-            self._wait_for_gateway()
 
     def _upload_environment_dir(self) -> bool:
         from harbor.environments.definition import should_upload_environment_dir
@@ -229,88 +220,50 @@ class MedomniDockerEnvironment(BaseEnvironment):
             self.environment_dir, docker_image=self.task_env_config.docker_image
         )
 
-    def _start_sidecar(self, c: Any) -> None:
-        if not self._perception_image:
+    def _start_relay(self, c: Any) -> None:
+        """The trial's token from the job's gateway, and its relay, listening."""
+        if not self._relay_image:
             raise RuntimeError(
                 "the task attaches the perception service, but the environment has no "
-                "perception_image (environment.kwargs)"
+                "relay_image (environment.kwargs)"
             )
-        image = c.images.get(self._perception_image)
-        rt = sidecar_runtime(image)
-        p = self._perception
-        assert p is not None
-        self._sidecar_image = image.id
-        self._sidecar = c.containers.create(
+        job = gateway.lookup(self._task_dir)
+        if job is None or not job.volume:
+            raise RuntimeError(
+                f"the task {self._task_dir.name} attaches the perception service, but no job "
+                "gateway is open for it in this process (run it with the harbor runner)"
+            )
+        image = c.images.get(self._relay_image)
+        token = job.open(self._task_dir)
+        self._gateway = job
+        self._relay = c.containers.create(
             image.id,
-            command=[
-                rt["python"],
-                "-m",
-                "medomni_cas.bench.perception",
-                "--evidence",
-                "/evidence",
-                "--families",
-                ",".join(p.get("families", [])),
-                "--budget",
-                str(int(p.get("budget", 0))),
-                "--atom",
-                str(p.get("atom", "")),
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(PERCEPTION_PORT),
-                "--log",
-                "/perception/calls.jsonl",
-            ],
+            command=["medomni-relay", "relay", str(PERCEPTION_PORT), RELAY_SOCKET, token],
             name=_name(self.session_id, "perception"),
             network_mode="none",
             extra_hosts={"perception": "127.0.0.1"},
-            volumes={m: {"bind": m, "mode": "ro"} for m in rt["mounts"]},
+            volumes={job.volume: {"bind": RELAY_MOUNT, "mode": "ro"}},
             labels=self._labels("perception"),
-            **self._limits(self._sidecar_cpus, self._sidecar_memory_mb),
+            **self._limits(self._relay_cpus, self._relay_memory_mb),
         )
-        self._sidecar.put_archive("/evidence", _docker.tar_tree(self.environment_dir))
-        self._sidecar.start()
-
-    def _wait_for_gateway(self) -> None:
-        """Until the gateway lists its encoders on the sidecar's loopback; then record them.
-
-        A reply that is not a JSON list (busybox wget under load has returned an empty body
-        with status 0) counts as not ready yet, like no reply, until the deadline."""
-        probe = ["timeout", "5", "wget", "-q", "-O", "-"]
-        url = f"http://127.0.0.1:{PERCEPTION_PORT}/v1/encoders"
-        deadline = time.monotonic() + self._health_timeout
-        while True:
-            code, listing = self._sidecar.exec_run([*probe, url])
-            if code == 0:
-                try:
-                    encoders = json.loads(listing)
-                except ValueError:
-                    encoders = None
-                if isinstance(encoders, list):
-                    break
-            self._sidecar.reload()
-            if self._sidecar.status != "running":
-                tail = self._sidecar.logs(tail=30).decode(errors="replace")
-                raise ContainerFailure(f"the perception sidecar exited while starting:\n{tail}")
-            if time.monotonic() > deadline:
-                raise ContainerFailure(  # not TimeoutError: Harbor would call it its own
-                    f"the perception gateway did not list its encoders within "
-                    f"{self._health_timeout} s (last reply: {listing[:200]!r})"
-                )
-            time.sleep(0.05)
-        folder = self.trial_paths.trial_dir / PERCEPTION_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        served = {"image": self._sidecar_image, "encoders": encoders}
-        (folder / "encoders.json").write_text(json.dumps(served, indent=2) + "\n")
+        self._relay.start()
+        gateway.wait_ready(self._relay, self._health_timeout, "the perception relay")
 
     async def stop(self, delete: bool) -> None:
         await _docker.in_thread(self._remove, delete)
 
     def _remove(self, delete: bool) -> None:
-        if self._sidecar is not None:
+        if self._gateway is not None:  # its token ends first: nothing left running can call
             with contextlib.suppress(Exception):
-                self._save_sidecar_logs()
-        for ctr in (self._main, self._sidecar):  # the agent first: it uses the sidecar's network
+                self._gateway.close(self._task_dir.name, self.trial_paths.trial_dir)
+            self._gateway = None
+        if self._relay is not None:
+            with contextlib.suppress(Exception):
+                log = self._relay.logs()
+                folder = self.trial_paths.trial_dir / PERCEPTION_DIR
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "relay.log").write_bytes(log[-_LOG_TAIL:])
+        for ctr in (self._main, self._relay):  # the agent first: it uses the relay's network
             if ctr is None:
                 continue
             with contextlib.suppress(Exception):
@@ -319,19 +272,7 @@ class MedomniDockerEnvironment(BaseEnvironment):
                 else:
                     ctr.kill()
         if delete:
-            self._main = self._sidecar = None
-
-    def _save_sidecar_logs(self) -> None:
-        folder = self.trial_paths.trial_dir / PERCEPTION_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            chunks, _ = self._sidecar.get_archive("/perception/calls.jsonl")
-        except Exception:  # no call was made: the log was never created
-            (folder / "calls.jsonl").write_bytes(b"")
-        else:
-            _docker.extract_file(chunks, folder / "calls.jsonl")
-        logs = self._sidecar.logs()
-        (folder / "sidecar.log").write_bytes(logs[-_LOG_TAIL:])
+            self._main = self._relay = None
 
     # -- commands and files ----------------------------------------------------------------
     async def exec(

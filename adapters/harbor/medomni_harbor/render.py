@@ -13,6 +13,10 @@ the task name>__<random>``, its ``task_name`` in ``result.json``) maps back to e
 slot. No answer is ever written here, and there is no ``solution/`` — except for Harbor's
 ``oracle`` agent, the stand-in that is handed the answers from outside the task: its own task
 folders get ``solution/solve.sh`` writing the answer key's values (see `render_task`).
+
+For Harbor's compose-based environments (``compose=True``), ``environment/`` holds the staged
+files under ``workspace/``, a ``Dockerfile`` copying only them into the agent image, and a
+``docker-compose.yaml`` that closes the network (`medomni_harbor.compose`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,16 @@ import tomli_w
 
 from medomni_cas.bench.runners import Job, TrialSpec
 from medomni_cas.bench.staging import WORKSPACE, stage_atom
+from medomni_harbor.compose import WORKSPACE_DIR, dockerfile, write_closed
 
-__all__ = ["ANSWER_ARTIFACT", "parse_task_name", "render_task", "task_name", "format_check_script"]
+__all__ = [
+    "ANSWER_ARTIFACT",
+    "format_check_script",
+    "parse_task_name",
+    "render_task",
+    "set_perception_url",
+    "task_name",
+]
 
 #: Where Harbor puts the collected answer, under the trial's ``artifacts/``.
 ANSWER_ARTIFACT = "medomni/answer.json"
@@ -80,7 +92,15 @@ exit 0
 """
 
 
-def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool) -> str:
+def _toml(
+    job: Job,
+    spec: TrialSpec,
+    *,
+    image: str,
+    perception: bool,
+    compose: bool,
+    allowlist: list[str] | None = None,
+) -> str:
     atom, env = spec.atom, spec.atom.environment
     agent_timeout = env.agent_timeout_sec
     if job.agent.limits.time_sec:
@@ -103,12 +123,28 @@ def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool) -> str:
     }
     if perception:
         variables["MEDOMNI_PERCEPTION_URL"] = PERCEPTION_URL
-        meta["perception"] = {
+        block: dict[str, object] = {
             "families": list(atom.families),
             "budget": job.budget,
             "atom": spec.atom_id.hex(),
             "encoders": job.encoders,
         }
+        if compose:  # where the job's gateway reads the staged files
+            block["evidence"] = f"environment/{WORKSPACE_DIR}"
+        meta["perception"] = block
+    network = "public" if env.internet else "no-network"
+    environment: dict[str, object] = {"docker_image": image}
+    if compose:
+        # the task's compose file closes the network (medomni_harbor.compose), and main's
+        # image is built from environment/Dockerfile
+        if not env.internet:
+            meta["network"] = "closed by environment/docker-compose.yaml"
+        network, environment = "public", {}
+    allowed: dict[str, object] = {}
+    if allowlist is not None and perception and not env.internet:
+        # an egress allowlist: the agent's container reaches the job's gateway and nothing
+        # else; the URL with the trial's token is written when the job starts
+        network, allowed = "allowlist", {"allowed_hosts": list(allowlist)}
     doc = {
         "schema_version": "1.4",
         "artifacts": [{"source": atom.submission_path, "destination": ANSWER_ARTIFACT}],
@@ -116,11 +152,12 @@ def _toml(job: Job, spec: TrialSpec, *, image: str, perception: bool) -> str:
         "verifier": {"timeout_sec": float(env.verifier_timeout_sec)},
         "agent": {"timeout_sec": float(agent_timeout)},
         "environment": {
-            "docker_image": image,
+            **environment,
             "cpus": env.cpus,
             "memory_mb": env.memory_mb,
             "workdir": str(WORKSPACE),
-            "network_mode": "public" if env.internet else "no-network",
+            "network_mode": network,
+            **allowed,
             "build_timeout_sec": 300.0,
             "env": variables,
         },
@@ -147,10 +184,14 @@ def render_task(
     *,
     image: str,
     oracle_answer: dict[str, object] | None = None,
+    compose: bool = False,
+    allowlist: list[str] | None = None,
 ) -> Path:
     """Write the task folder of ``spec`` under ``root`` (replacing one left by an earlier
     run: rendering is deterministic); its path. ``oracle_answer`` is only ever given for
-    Harbor's oracle agent, whose task folders alone hold ``solution/``."""
+    Harbor's oracle agent, whose task folders alone hold ``solution/``. ``compose`` renders
+    the layout of Harbor's compose-based environments (the module docstring); ``allowlist``
+    (the gateway's host) makes an arm with the service an egress allowlist of that host."""
     from harbor.models.task.config import TaskConfig
 
     name = task_name(spec)
@@ -159,9 +200,16 @@ def render_task(
     shutil.rmtree(tmp, ignore_errors=True)
     perception = job.encoders != "none"
     try:
-        stage_atom(job.store, spec.atom, spec.format_check, tmp / "environment")
+        staged = tmp / "environment" / WORKSPACE_DIR if compose else tmp / "environment"
+        stage_atom(job.store, spec.atom, spec.format_check, staged)
+        if compose:
+            (tmp / "environment" / "Dockerfile").write_text(dockerfile(image, str(WORKSPACE)))
+            if not spec.atom.environment.internet:
+                write_closed(tmp)  # the job replaces it with the relay's when it attaches one
         (tmp / "instruction.md").write_bytes(job.store.read_blob(spec.atom.instruction))
-        text = _toml(job, spec, image=image, perception=perception)
+        text = _toml(
+            job, spec, image=image, perception=perception, compose=compose, allowlist=allowlist
+        )
         TaskConfig.model_validate_toml(text)  # what Harbor will read must be valid
         (tmp / "task.toml").write_text(text)
         tests = tmp / "tests"
@@ -184,3 +232,14 @@ def render_task(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def set_perception_url(task_dir: Path, url: str) -> None:
+    """The trial's ``MEDOMNI_PERCEPTION_URL`` (the gateway's address and its token), for an
+    egress-allowlist environment, where the agent reaches the job's gateway directly."""
+    import tomllib
+
+    path = task_dir / "task.toml"
+    doc = tomllib.loads(path.read_text())
+    doc["environment"]["env"]["MEDOMNI_PERCEPTION_URL"] = url
+    path.write_text(tomli_w.dumps(doc))

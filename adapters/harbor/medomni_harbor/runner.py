@@ -20,17 +20,29 @@ Options (keyword arguments, or ``MEDOMNI_HARBOR_<NAME>`` environment variables),
 trials run is a setting of the run, not code:
 
 ``environment``
-    ``docker`` (default): our `MedomniDockerEnvironment`, on the engine of ``docker_host``; the
-    only one that attaches the perception sidecar. ``harbor-docker``: Harbor's own (``docker
-    compose``). Any other Harbor environment type (``daytona``, ``modal``, ``e2b``,
+    ``docker`` (default): our `MedomniDockerEnvironment`, on the engine of ``docker_host``,
+    each trial's perception relay beside the agent's container. ``harbor-docker``: Harbor's
+    own (``docker compose``). Any other Harbor environment type (``daytona``, ``modal``, ``e2b``,
     ``runloop``...), or ``module:Class``. See the README for what holds where.
 ``concurrency``   trials at once (default 2)
 ``image``         the agent's image, for every agent config (default: the config's
                   ``settings.image``, else ``local/base:1``; terminus-2's configs name
                   ``local/terminus:1``, which has tmux)
 ``docker_host``   the engine (default ``$DOCKER_HOST``)
-``perception_image``  default: the tag `medomni_harbor.images` derives for this machine
+``relay_image``   the perception relay's image (default: the tag `medomni_harbor.images`
+                  derives from the base image and the relay's source)
 ``keep_tasks``    keep the rendered task folders after the job
+``compose``       render each task for Harbor's compose-based environments: its own
+                  ``environment/docker-compose.yaml`` closes the network and, on arms with the
+                  service, runs the trial's relay (`medomni_harbor.compose`); default on for
+                  ``harbor-docker`` and ``gke``
+``gateway_host``, ``gateway_port``  where the job's perception gateway listens (default
+                  127.0.0.1 and a free port); ``gateway_address`` (``host:port``, numeric) is
+                  how a compose trial's forwarder reaches it, when not that (a GKE pod)
+``gateway_url``   for an environment with an egress allowlist (not ours, not compose): the
+                  gateway's URL as the trials' containers reach it (``http://host:port``);
+                  each arm with the service then allows that host alone, and the agent's
+                  ``MEDOMNI_PERCEPTION_URL`` is ``<gateway_url>/t/<token>``
 """
 
 from __future__ import annotations
@@ -49,6 +61,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import blake3
 
@@ -62,9 +75,9 @@ from medomni_cas.bench.replay import source_run
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
 from medomni_cas.studio.records import AnswerKey, BuildResult, SetBuild
 from medomni_cas.studio.refnames import SET_BUILD_REFS
-from medomni_harbor import _docker, images
-from medomni_harbor.environment import PERCEPTION_DIR
-from medomni_harbor.render import ANSWER_ARTIFACT, render_task, task_name
+from medomni_harbor import _docker, compose, images
+from medomni_harbor.gateway import PERCEPTION_DIR, JobGateway
+from medomni_harbor.render import ANSWER_ARTIFACT, render_task, set_perception_url, task_name
 
 __all__ = ["HarborRunner", "reported_models", "trial_from_result"]
 
@@ -79,6 +92,8 @@ _INFRA_TYPES = frozenset(
 _DONE = object()
 #: Harbor's environment types that run a container on this machine (anything else is remote)
 _LOCAL_TYPES = frozenset({"docker", "podman", "apple-container", "singularity", "sbx"})
+#: environments that run a task's own docker-compose.yaml: tasks are rendered for it
+_COMPOSE_TYPES = frozenset({"harbor-docker", "gke"})
 
 
 def _option(value: Any, name: str, default: Any) -> Any:
@@ -96,7 +111,7 @@ def _runs_on_host(job: Job) -> bool:
 
 class HarborRunner(Runner):
     name: ClassVar[str] = "harbor"
-    description: ClassVar[str] = "Harbor trials in containers, closed network, perception sidecar"
+    description: ClassVar[str] = "Harbor trials in containers, closed network, perception relay"
     isolated: ClassVar[bool] = True
 
     @classmethod
@@ -123,11 +138,14 @@ class HarborRunner(Runner):
         concurrency: int | str | None = None,
         image: str | None = None,
         docker_host: str | None = None,
-        perception_image: str | None = None,
-        sidecar_cpus: float = 1.0,
-        sidecar_memory_mb: int = 1024,
+        relay_image: str | None = None,
         environment_kwargs: dict[str, Any] | None = None,
         keep_tasks: bool | str | None = None,
+        compose: bool | str | None = None,
+        gateway_host: str | None = None,
+        gateway_port: int | str | None = None,
+        gateway_address: str | None = None,
+        gateway_url: str | None = None,
     ) -> None:
         self.environment = str(_option(environment, "environment", "docker"))
         self.concurrency = int(_option(concurrency, "concurrency", 2))
@@ -136,12 +154,17 @@ class HarborRunner(Runner):
         #: the image without an agent config: the base of the perception image
         self.image = str(self.given_image or images.AGENT_IMAGE)
         self.docker_host = _option(docker_host, "docker_host", None)
-        self._perception_image = _option(perception_image, "perception_image", None)
-        self.sidecar_cpus = sidecar_cpus
-        self.sidecar_memory_mb = sidecar_memory_mb
+        self._relay_image = _option(relay_image, "relay_image", None)
         self.environment_kwargs = dict(environment_kwargs or {})
         keep = _option(keep_tasks, "keep_tasks", False)
         self.keep_tasks = keep if isinstance(keep, bool) else str(keep).lower() in ("1", "true")
+        default = self.environment in _COMPOSE_TYPES
+        comp = _option(compose, "compose", default)
+        self.compose = comp if isinstance(comp, bool) else str(comp).lower() in ("1", "true")
+        self.gateway_host = str(_option(gateway_host, "gateway_host", "127.0.0.1"))
+        self.gateway_port = int(_option(gateway_port, "gateway_port", 0))
+        self.gateway_address = _option(gateway_address, "gateway_address", None)
+        self.gateway_url = _option(gateway_url, "gateway_url", None)
         #: seconds spent on our side of each phase, for benchmarks_perf.harbor
         self.timings: dict[str, float] = {"render": 0.0, "collect": 0.0, "harbor": 0.0}
 
@@ -149,6 +172,11 @@ class HarborRunner(Runner):
     @property
     def ours(self) -> bool:
         return self.environment == "docker"
+
+    @property
+    def direct(self) -> bool:
+        """Trials reach the job's gateway at ``gateway_url`` through an egress allowlist."""
+        return not self.ours and not self.compose and bool(self.gateway_url)
 
     def where(self, job: Job | None = None) -> tuple[str, str]:
         """The trials' (environment, isolation), as run records say (`RunRecord.isolation`):
@@ -176,10 +204,10 @@ class HarborRunner(Runner):
         named = job.agent.options.get("image")
         return named if isinstance(named, str) and named else self.image
 
-    def perception_image(self) -> str:
-        if self._perception_image is None:
-            self._perception_image = images.perception_tag(self.docker_host, self.image)
-        return str(self._perception_image)
+    def relay_image(self) -> str:
+        if self._relay_image is None:
+            self._relay_image = images.relay_tag(self.docker_host, self.image)
+        return str(self._relay_image)
 
     def _environment_config(self, job: Job) -> Any:
         from harbor.models.trial.config import EnvironmentConfig
@@ -187,10 +215,8 @@ class HarborRunner(Runner):
         kwargs = dict(self.environment_kwargs)
         if self.ours:
             kwargs.setdefault("docker_host", _docker.docker_host(self.docker_host))
-            kwargs.setdefault("sidecar_cpus", self.sidecar_cpus)
-            kwargs.setdefault("sidecar_memory_mb", self.sidecar_memory_mb)
             if job.encoders != "none":
-                kwargs.setdefault("perception_image", self.perception_image())
+                kwargs.setdefault("relay_image", self.relay_image())
             return EnvironmentConfig(import_path=OURS, kwargs=kwargs)
         if ":" in self.environment:
             return EnvironmentConfig(import_path=self.environment, kwargs=kwargs)
@@ -268,15 +294,34 @@ class HarborRunner(Runner):
 
             if not encoders():
                 problems.append("the perception service has no encoders to serve")
-            if not self.ours:
+            if not self.ours and not self.compose and not self.direct:
                 problems.append(
                     f"arm {job.arm_label} attaches the perception service, which only the "
-                    f"docker environment runs (environment is {self.environment!r}); run "
-                    "--arm no-perception there"
+                    "docker environment, Harbor's compose-based ones (option compose) and "
+                    "environments with an egress allowlist (option gateway_url) run "
+                    f"(environment is {self.environment!r}); run --arm no-perception there"
                 )
         if self.ours:
             problems += self._check_engine(job)
+        elif self.compose and job.encoders != "none" and self.environment == "harbor-docker":
+            problems += self._check_relay_image()
         return problems
+
+    def _check_relay_image(self) -> list[str]:
+        """Harbor's docker environment uses ``$DOCKER_HOST``'s engine: the relay image must
+        be there (elsewhere, a GKE pod say, it is pulled from the registry you name)."""
+        import docker
+
+        try:
+            _docker.client(self.docker_host).images.get(self.relay_image())
+        except docker.errors.ImageNotFound:
+            return [
+                f"the perception relay's image {self.relay_image()} is not on the engine: "
+                "build it with `python -m medomni_harbor images`"
+            ]
+        except Exception as e:
+            return [f"no Docker engine answers for the relay's image: {e}"]
+        return []
 
     def _check_engine(self, job: Job) -> list[str]:
         import docker
@@ -297,16 +342,14 @@ class HarborRunner(Runner):
                 "(`bash .ci/docker-engine image` imports local/base:1 and local/terminus:1)"
             ]
         if job.encoders != "none":
-            tag = self.perception_image()
+            tag = self.relay_image()
             try:
-                images.sidecar_runtime(c.images.get(tag))
+                c.images.get(tag)
             except docker.errors.ImageNotFound:
                 problems.append(
-                    f"the perception image {tag} is not on the engine at {host}: build it "
-                    "with `python -m medomni_harbor images` (no registry needed)"
+                    f"the perception relay's image {tag} is not on the engine at {host}: "
+                    "build it with `python -m medomni_harbor images` (no registry needed)"
                 )
-            except ValueError as e:
-                problems.append(str(e))
         return problems
 
     def prepare(self, job: Job) -> None:
@@ -316,8 +359,17 @@ class HarborRunner(Runner):
         tasks.mkdir(parents=True, exist_ok=True)
         answers = _oracle_answers(job) if job.agent.scaffold == "oracle" else {}
         image = self.agent_image(job)
+        allowlist = [str(urlsplit(str(self.gateway_url)).hostname)] if self.direct else None
         for spec in job.trials:
-            render_task(job, spec, tasks, image=image, oracle_answer=answers.get(spec.atom_id))
+            render_task(
+                job,
+                spec,
+                tasks,
+                image=image,
+                oracle_answer=answers.get(spec.atom_id),
+                compose=self.compose and not self.ours,
+                allowlist=allowlist,
+            )
         if job.agent.scaffold == "replay":
             self._write_replays(job, root / "replay")
         if self.ours:
@@ -348,8 +400,24 @@ class HarborRunner(Runner):
                 yield self._collect(job, spec, trial_dir)
             if not specs:
                 return
-            # 2. the rest, as one Harbor job
-            yield from self._run_harbor(job, root, specs)
+            # 2. the rest, as one Harbor job, beside the job's perception gateway
+            with contextlib.ExitStack() as stack:
+                gw = None
+                if job.encoders != "none" and (self.ours or self.compose or self.direct):
+                    gw = stack.enter_context(self._gateway(root / "tasks"))
+                if gw is not None and self.ours:
+                    gw.start_forwarder(self.docker_host, self.relay_image())
+                elif gw is not None:  # each task gets its token in its compose file or URL
+                    for name in specs:
+                        task_dir = root / "tasks" / name
+                        token = gw.open(task_dir)
+                        if self.direct:
+                            url = f"{str(self.gateway_url).rstrip('/')}{gw.tokens.PREFIX}{token}"
+                            set_perception_url(task_dir, url)
+                        else:
+                            address = gw.address
+                            compose.write_perception(task_dir, self.relay_image(), token, address)
+                yield from self._run_harbor(job, root, specs, gw)
         finally:
             if not self.keep_tasks:
                 shutil.rmtree(root / "tasks", ignore_errors=True)
@@ -373,7 +441,14 @@ class HarborRunner(Runner):
         config.job_name = "h-" + blake3.blake3(ident).hexdigest()[:16]
         return config
 
-    def _run_harbor(self, job: Job, root: Path, specs: dict[str, TrialSpec]) -> Iterator[Trial]:
+    def _gateway(self, tasks: Path) -> JobGateway:
+        return JobGateway(
+            tasks, host=self.gateway_host, port=self.gateway_port, address=self.gateway_address
+        )
+
+    def _run_harbor(
+        self, job: Job, root: Path, specs: dict[str, TrialSpec], gw: JobGateway | None = None
+    ) -> Iterator[Trial]:
         config = self._job_config(job, root, list(specs))
         results: queue.Queue[Any] = queue.Queue()
         state: dict[str, Any] = {}
@@ -393,7 +468,10 @@ class HarborRunner(Runner):
                 spec = specs.pop(item.task_name, None)
                 if spec is None:
                     continue
-                yield self._collect(job, spec, config.jobs_dir / config.job_name / item.trial_name)
+                trial_dir = config.jobs_dir / config.job_name / item.trial_name
+                if gw is not None:  # a compose trial's token ends with it (ours: at its stop)
+                    gw.close(item.task_name, trial_dir)
+                yield self._collect(job, spec, trial_dir)
         finally:
             if thread.is_alive():  # we are stopped early: cancel Harbor's trials, let it clean up
                 loop, task = state.get("loop"), state.get("task")
@@ -644,7 +722,7 @@ def _outcome(result: Any, answered: bool) -> tuple[Outcome, list[str]]:
 def _logs(trial_dir: Path) -> dict[str, bytes]:
     """The trial's log files, flattened (``agent/stdout.txt`` -> ``agent.stdout.txt``):
     Harbor's result, its trial log and exception, the agent's and verifier's files, the
-    sidecar's log. Harbor's config.json/lock.json repeat what result.json holds; the answer
+    relay's log. Harbor's config.json/lock.json repeat what result.json holds; the answer
     and the encoder calls are recorded on their own."""
     out: dict[str, bytes] = {}
     for name in ("result.json", "trial.log", "exception.txt"):
@@ -658,9 +736,9 @@ def _logs(trial_dir: Path) -> dict[str, bytes]:
                 if p.is_file() and not p.is_symlink():
                     rel = p.relative_to(folder).as_posix().replace("/", ".")
                     out[f"{sub}.{rel}"] = p.read_bytes()[-_LOG_LIMIT:]
-    side = trial_dir / PERCEPTION_DIR / "sidecar.log"
-    if side.is_file():
-        out["perception.sidecar.log"] = side.read_bytes()[-_LOG_LIMIT:]
+    relay = trial_dir / PERCEPTION_DIR / "relay.log"
+    if relay.is_file():
+        out["perception.relay.log"] = relay.read_bytes()[-_LOG_LIMIT:]
     return out
 
 
