@@ -16,6 +16,7 @@ SUITES = {
     "compare": "benchmarks_perf.compare",
     "runs": "benchmarks_perf.runs",
     "view": "benchmarks_perf.view",
+    "scale": "benchmarks_perf.scale",
 }
 
 
