@@ -53,7 +53,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     cohorts = root / "studio/datasets/synth-ehr/tasks/synth-ehr_ckd-staging/cohorts"
     doc = yaml.safe_load((cohorts / "n20.yaml").read_text())
-    doc |= {"description": "Four patients.", "n": 4}
+    # its own seed: another recipe than n20's and n50's, so no selection rule ties them
+    doc |= {"description": "Four patients.", "n": 4, "seed": 1}
     doc["per_class"]["counts"] = {"G1": 1, "G3a": 1, "G4": 1, "G5": 1}
     (cohorts / "n4.yaml").write_text(yaml.safe_dump(doc))
     return root
