@@ -14,7 +14,9 @@ SUITES = {
     "harbor": "benchmarks_perf.harbor",
     "llm": "benchmarks_perf.llm",
     "compare": "benchmarks_perf.compare",
+    "runs": "benchmarks_perf.runs",
     "view": "benchmarks_perf.view",
+    "scale": "benchmarks_perf.scale",
 }
 
 

@@ -73,6 +73,7 @@ from medomni_cas.store import encoding
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.blobs import blob_object
 from medomni_cas.store.ids import ObjectId, hash_bytes
+from medomni_cas.store.reflog import RefLogEntry, chained
 from medomni_cas.store.verify import FsckReport, verify_closure
 
 CLASSES = ("G1", "G2", "G3a", "G3b", "G4", "G5")
@@ -217,8 +218,12 @@ def build_runs(path: Path, sizes: Sizes) -> Runs:
                 for i, slot in enumerate(slots)
             ]
             run_ids = store.put_many(runs)
+            now = time.time()
             for slot, rid in zip(slots, run_ids, strict=True):
-                if not store.backend.ref_update(slot_ref(slot), None, rid, b""):
+                # with a valid history entry, as `Refs` writes it (fsck and gc read it)
+                name = slot_ref(slot)
+                entry = chained(name, RefLogEntry(old=None, new=bytes(rid), time=now))
+                if not store.backend.ref_update(name, None, rid, entry):
                     raise RuntimeError(f"slot {slot} written twice")
             pt = store.put(
                 PredictionColumns(rows=2 * len(runs), columns=put_columns(store, _columns(runs)))

@@ -47,3 +47,9 @@ def test_llm_benchmark_quick_prints_a_table() -> None:
     rows = quick_rows("llm", "--only", "process", timeout=600)  # terminus-2's needs Docker
     for name in ("stand-in response time", "our part per trial", "redaction per trial"):
         assert any(name in row for row in rows), f"no row for {name!r}"
+
+
+def test_scale_benchmark_quick_prints_a_table() -> None:
+    rows = quick_rows("scale", timeout=600)
+    for op in ("build", "resume", "score", "verify", "fsck", "gc", "push", "pull"):
+        assert any(row.startswith(f"| {op} (") for row in rows), f"no row for {op!r}"

@@ -108,6 +108,7 @@ def _run(
             runs_dir=ws / "runs",
             studio=tree / "studio",
             runner=ProcessRunner(isolation=isolation),
+            concurrency=1,  # one after another: the agents here tell the first trial apart
         )
         runs = [s.get(o, RunRecord) for o in s.iter_ids() if s.kind(o) == "medomni.run"]
     return report, sorted(runs, key=lambda r: r.started)

@@ -46,6 +46,13 @@ Isolation
   with one of a trial that ended, is refused.
 
 The network is not closed: isolation from the network is the Harbor runner's job.
+
+Concurrency
+-----------
+``bench run --concurrency N`` keeps N trials running at once (`medomni_cas.bench.trialpool`),
+each in its own folder, session and sandbox as above, under ``isolation=namespaces`` only:
+without namespaces a trial could see and write the folders of the trials beside it, so
+they run one at a time.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -70,6 +78,7 @@ from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial, TrialSpec
 from medomni_cas.bench.scratch import SCRATCH_FOLDER, Scratch
 from medomni_cas.bench.secrets import redactor
 from medomni_cas.bench.staging import RESERVED, stage_atom
+from medomni_cas.bench.trialpool import run_concurrently
 
 __all__ = ["ISOLATIONS", "ProcessRunner", "agent_env", "namespaces_available", "now_iso"]
 
@@ -154,6 +163,12 @@ class ProcessRunner(Runner):
     )
     isolated: ClassVar[bool] = False
     scaffolds: ClassVar[tuple[str, ...]] = ("process", "baseline", "command")
+    claims_each: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "run" in cls.__dict__ and "claims_each" not in cls.__dict__:
+            cls.claims_each = False  # a run() of its own asks no `Job.claim`: claim up front
 
     def __init__(
         self,
@@ -221,7 +236,7 @@ class ProcessRunner(Runner):
             scratch = stack.enter_context(self._scratch(job))
             hide = [*_local_paths(job.store), *job.private, job.folder, scratch.root]
             relay, relay_url = self._relay(job, stack)
-            tokens = None
+            tokens, url = None, ""
             if job.encoders != "none":
                 # one server for the job, one gateway (budget, filter, log) per atom task,
                 # reached only with that task's token
@@ -229,14 +244,24 @@ class ProcessRunner(Runner):
 
                 tokens = Tokens()
                 url = stack.enter_context(serve(tokens, host="127.0.0.1", port=0))
-            for spec in job.trials:
-                folder = scratch.trial()
+
+            def runs() -> Iterator[_Run]:
+                for spec in job.trials:
+                    # claimed as it starts: harnesses sharing the store share the job
+                    if job.claim is None or job.claim(spec):
+                        folder = scratch.trial()
+                        yield _Run(job, spec, cmd, folder, isolation, hide, relay, relay_url)
+
+            # without namespaces a trial sees the others' folders: then one at a time, so
+            # what a trial leaves behind is killed before the next one starts
+            if job.concurrency > 1 and isolation == "namespaces":
+                yield from run_concurrently(runs(), job.concurrency, tokens, url, scratch)
+                return
+            for run in runs():
                 try:
-                    run = _Run(job, spec, cmd, folder, isolation, hide, relay, relay_url)
-                    trial = run.go(tokens, url if tokens is not None else "")
-                    yield trial  # the harness records it before we get here again
+                    yield run.go(tokens, url)  # the harness records it before we get here again
                 finally:
-                    scratch.remove(folder)
+                    scratch.remove(run.folder)
 
     def _relay(self, job: Job, stack: contextlib.ExitStack) -> tuple[Any, str]:
         """The endpoint relay of the job (and its URL), when the config names an http(s)
@@ -289,16 +314,42 @@ class _Run:
         self.work = self.agent / "workspace"
         self.tmp = self.agent / "tmp"
         self.run_info = self.agent / "run_info.json"
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stopped = False
+
+    def stop(self) -> None:
+        """End the trial from another thread: its sandbox gets SIGTERM (it kills every
+        process of the agent), and a trial not launched yet never starts."""
+        with self._lock:
+            self._stopped = True
+            if self._proc is not None and self._proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """What `stop` left of the trial's process group, killed."""
+        with self._lock:
+            if self._proc is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
 
     def go(self, tokens: Any, url: str) -> Trial:
+        failed = self.stage(tokens, url)
+        return failed if failed is not None else self.launch()
+
+    def stage(self, tokens: Any, url: str) -> Trial | None:
+        """Stage the task's files and the trial's gateway (the store is read here, so the
+        caller's thread does it); an infrastructure error's trial when staging failed."""
         job, spec = self.job, self.spec
-        started, t0 = now_iso(), time.monotonic()
+        self.started, self.t0 = now_iso(), time.monotonic()
         try:
             self.agent.mkdir(mode=0o700)
-            answer_path = stage_atom(job.store, spec.atom, spec.format_check, self.work)
+            self.answer_path = stage_atom(job.store, spec.atom, spec.format_check, self.work)
             self.tmp.mkdir(mode=0o700)
         except Exception as e:  # the task could not be staged: not the agent's doing
-            return _infra(spec, started, t0, f"staging failed: {e}")
+            return _infra(spec, self.started, self.t0, f"staging failed: {e}")
+        answer_path = self.answer_path
         limit = spec.atom.environment.agent_timeout_sec
         if job.agent.limits.time_sec:
             limit = min(limit, job.agent.limits.time_sec)
@@ -310,29 +361,37 @@ class _Run:
             "MEDOMNI_RUN_INFO": str(self.run_info),
             "MEDOMNI_MODEL": job.agent.model,
         }
-        gateway, token = None, ""
+        self.tokens, self.gateway, self.token = tokens, None, ""
         if tokens is not None:
             from medomni_cas.bench.perception import Gateway
 
-            gateway = Gateway(
+            self.gateway = Gateway(
                 self.work, spec.atom.families, budget=job.budget, atom=spec.atom_id.hex()
             )
-            token = tokens.issue(gateway)
-            own["MEDOMNI_PERCEPTION_URL"] = f"{url}{tokens.PREFIX}{token}"
-        relay_token = ""
+            self.token = tokens.issue(self.gateway)
+            own["MEDOMNI_PERCEPTION_URL"] = f"{url}{tokens.PREFIX}{self.token}"
+        self.relay_token = ""
         if self.relay is not None:
-            relay_token = self.relay.issue()
-            own[job.agent.options["endpoint_env"]] = self.relay.url(self.relay_url, relay_token)
-        env = agent_env(job, self.cmd, own)
+            self.relay_token = self.relay.issue()
+            own[job.agent.options["endpoint_env"]] = self.relay.url(
+                self.relay_url, self.relay_token
+            )
+        self.env, self.limit = agent_env(job, self.cmd, own), limit
+        return None
+
+    def launch(self) -> Trial:
+        """Run the staged agent and collect what it did (reads no store: any thread)."""
+        job, spec, answer_path = self.job, self.spec, self.answer_path
+        started, t0, gateway = self.started, self.t0, self.gateway
         try:
             with OpenWatcher(self.work, ignore=RESERVED) as watcher:
-                outcome, errors, out, err = self._exec(env, limit)
+                outcome, errors, out, err = self._exec(self.env, self.limit)
                 opened = watcher.opened()
         finally:
-            if tokens is not None:
-                tokens.revoke(token)  # whatever it left running can call no more
+            if self.tokens is not None:
+                self.tokens.revoke(self.token)  # whatever it left running can call no more
             if self.relay is not None:
-                self.relay.revoke(relay_token)
+                self.relay.revoke(self.relay_token)
         trial = Trial(
             slot=spec.slot,
             attempt=spec.attempt,
@@ -347,9 +406,9 @@ class _Run:
             environment="local",
             isolation=self.isolation,
         )
-        _read_run_info(self.run_info, trial, self._endpoint_faults(relay_token))
+        _read_run_info(self.run_info, trial, self._endpoint_faults(self.relay_token))
         if self.relay is not None:
-            self.relay.forget(relay_token)
+            self.relay.forget(self.relay_token)
         if trial.outcome == "infra-error":
             return trial
         if answer_path.is_file():
@@ -392,9 +451,11 @@ class _Run:
         logs = self.folder / "stdout.txt", self.folder / "stderr.txt"
         argv = self._launcher(status)
         # files, not pipes: a process that escaped cannot keep the harness reading forever
-        with open(logs[0], "wb") as out, open(logs[1], "wb") as err:
+        with open(logs[0], "wb") as out, open(logs[1], "wb") as err, self._lock:
+            if self._stopped:
+                return "infra-error", ["the harness stopped before the trial started"], b"", b""
             try:
-                proc = subprocess.Popen(
+                self._proc = proc = subprocess.Popen(
                     argv,
                     cwd=self.work,
                     env=env,

@@ -33,7 +33,10 @@ from medomni_cas.bench.records import (
 from medomni_cas.bench.refnames import job_ref, slot_ref
 from medomni_cas.bench.runners import Job, Trial, TrialSpec
 from medomni_cas.bench.secrets import redactor
-from medomni_cas.store.ids import ObjectId
+from medomni_cas.store import encoding
+from medomni_cas.store.blobs import blob_object
+from medomni_cas.store.ids import ObjectId, hash_bytes
+from medomni_cas.store.objects import CHUNK_SIZE
 from medomni_cas.store.store import Store
 from medomni_cas.studio.records import SCORES_KEY
 
@@ -128,6 +131,34 @@ def _predictions(
     ]
 
 
+class _Leaves:
+    """Objects that link nothing new (blobs, prediction records), put in one batch."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.items: list[tuple[ObjectId, bytes]] = []
+
+    def blob(self, data: bytes) -> ObjectId:
+        if len(data) > CHUNK_SIZE:
+            return self.store.put_blob(data)  # chunked: its chunks are written first
+        oid, raw = blob_object(data)
+        self.items.append((oid, raw))
+        return oid
+
+    def records(self, records: Sequence[PredictionRecord]) -> list[ObjectId]:
+        out = []
+        for r in records:
+            raw = encoding.encode(r)
+            oid = hash_bytes(raw)
+            self.items.append((oid, raw))
+            out.append(oid)
+        return out
+
+    def write(self) -> None:
+        if self.items:
+            self.store.put_raw_many(dict(self.items).items())
+
+
 def record_trial(
     store: Store,
     job: Job,
@@ -141,19 +172,22 @@ def record_trial(
     secrets are redacted from the trial first (`medomni_cas.bench.secrets`), in place."""
     redactor(job.agent).trial(trial)
     outcome, values, errors = judge_answer(spec, trial, job.agent)
-    answer_id = store.put_blob(trial.answer) if trial.answer is not None else None
     run_id = f"{spec.slot.hex()}-{trial.attempt}"
-    pred_ids = store.put_many(_predictions(run_id, spec, values, job.agent.kind))
     calls = trial.encoder_calls
+    # the run's leaves (answer, predictions, call log, log files) as one batch: on a remote
+    # store one pack, not a request each; then the log tree, then the record that links all
+    leaves = _Leaves(store)
+    answer_id = leaves.blob(trial.answer) if trial.answer is not None else None
+    pred_ids = leaves.records(_predictions(run_id, spec, values, job.agent.kind))
     log_id = None
     if calls:
-        log_id = store.put_blob(b"".join(msgspec.json.encode(c) + b"\n" for c in calls))
+        log_id = leaves.blob(b"".join(msgspec.json.encode(c) + b"\n" for c in calls))
+    log_files = {n: leaves.blob(b) for n, b in sorted(trial.logs.items())}
+    leaves.write()
     ok, why = (True, "")
     if job.encoders != "none" or calls:
         ok, why = meets_arm(job.encoders, calls)
-    logs = None
-    if trial.logs:
-        logs = store.put_tree({n: store.put_blob(b) for n, b in sorted(trial.logs.items())})
+    logs = store.put_tree(log_files) if log_files else None
     record = RunRecord(
         run_id=run_id,
         slot=spec.slot.hex(),
@@ -213,11 +247,14 @@ def record_job(
     set_build: ObjectId,
     rows: ArmRows,
     started: str,
+    known: Mapping[ObjectId, RunRecord] | None = None,
 ) -> ObjectId:
     """Record ``job`` over ``runs``, the final run of each of its slots in the arm's atom
     order, with its predictions as columns in ``rows``' order; move the job's ref to it.
     The job's id (the same when nothing ran since the last record)."""
-    records = [store.get(r, RunRecord) for r in runs]
+    known = known or {}
+    read = dict(store.get_many([r for r in runs if r not in known], RunRecord))
+    records = [known[r] if r in known else read[r] for r in runs]
     table = store.put(prediction_columns(store, rows, records, job.agent.kind))
     record = JobRecord(
         name=job.name,

@@ -14,7 +14,7 @@ drive at all (`Runner.drives`; the Harbor runner also drives commands and replay
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -80,6 +80,11 @@ class Job:
     scratch: Path | None = None
     #: Folders agents must not see (the studio, the runs folder), besides the store's own.
     private: tuple[Path, ...] = ()
+    #: Trials a runner may run at once (``bench run --concurrency``); each stays isolated.
+    concurrency: int = 1
+    #: Set by the harness for a runner that `Runner.claims_each`: call it just before
+    #: starting a trial, and skip the trial when it says False (another harness has it).
+    claim: Callable[[TrialSpec], bool] | None = None
 
     @property
     def arm_label(self) -> str:
@@ -122,6 +127,10 @@ class Runner(ABC):
     isolated: ClassVar[bool] = False
     #: The scaffolds this is the runner for, when an agent config is run with no runner named.
     scaffolds: ClassVar[tuple[str, ...]] = ()
+    #: True when the runner starts its trials one by one and asks `Job.claim` before each:
+    #: harnesses on one store then share a job slot by slot. Else the harness claims every
+    #: slot before `prepare`.
+    claims_each: ClassVar[bool] = False
 
     @classmethod
     def picks(cls, agent: AgentConfig) -> bool:

@@ -248,9 +248,29 @@ def environment_failure(e: BaseException, store: str | None = None) -> Environme
                 env = EnvironmentFailure(lead + " ".join(str(e).split()))
                 break
             cause = cause.__cause__
+    if env is not None and store and _full_disk_behind_eio(e, store):
+        env = EnvironmentFailure(
+            f"{env.what} ({os.strerror(errno.ENOSPC)}: the disk holding the store is full)"
+        )
     if env is None or not store or "://" in env.what:  # a message naming a store
         return env
     return EnvironmentFailure(f"store {store}: {env.what}")
+
+
+def _full_disk_behind_eio(e: BaseException, store: str) -> bool:
+    """Whether ``e`` is an I/O error of a local store whose disk has no space left: a write
+    that failed for want of space can come back from the kernel's write-back as EIO (LMDB's
+    commit on a full tmpfs does), which alone would not tell the user what to fix."""
+    errno_ = getattr(e, "errno", None) or _errno_in(" ".join(str(e).split()))
+    scheme, sep, rest = store.partition("://")
+    if errno_ != errno.EIO or not sep or scheme not in ("lmdb", "file"):
+        return False
+    path = rest.split("?", 1)[0]
+    try:
+        st = os.statvfs(path if os.path.exists(path) else os.path.dirname(path) or ".")
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
 
 
 def _environment(e: BaseException) -> EnvironmentFailure | None:

@@ -79,6 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 rerun=args.rerun,
                 fail_fast=args.fail_fast,
                 claim_timeout=args.claim_timeout,
+                concurrency=args.concurrency,
             )
         except CheckFailed as e:
             sys.stderr.write(f"medomni: {e}\n")
@@ -350,6 +351,13 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         type=shard_arg,
         metavar="I/N",
         help="run only the slots of shard I of N (0-based); machines can share a set",
+    )
+    r.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="trials run at once, each isolated as alone (default: the number of cores)",
     )
     for opt in ("studio", "bench", "runs"):
         r.add_argument(f"--{opt}", metavar="DIR", help=f"{opt} folder (default: the workspace's)")

@@ -7,6 +7,12 @@ this run minus ``grace``. The start is read before anything is listed, so an obj
 while gc runs is never deleted; ``grace`` protects a writer that has put objects but not yet
 the ref that names them.
 
+Memory: the mark is the store's checked walk (`medomni_cas.store.verify.CheckedWalk`, not
+canonical), whose set of what it met spills to a temporary LMDB beyond a bound; the sweep
+lists the store a chunk at a time and asks the mark a chunk at a time. A killed gc has
+deleted only what a finished mark did not reach (the mark completes before the first
+delete), and leaves its temporary files in TMPDIR.
+
 Limits a writer must respect (as in git): an object is protected by its write time, so a
 writer that links to an object already in the store without putting it again relies on that
 object being reachable or younger than ``grace``. The LMDB backend refreshes a write time on
@@ -23,8 +29,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from medomni_cas.errors import InvalidObject, UnsupportedOperation
-from medomni_cas.store.ids import ObjectId
+from medomni_cas.errors import IntegrityError, InvalidObject, UnsupportedOperation
+from medomni_cas.store._crash import crash_point
+from medomni_cas.store.verify import CORRUPT, MALFORMED, CheckedWalk, ClosureCheck
 
 if TYPE_CHECKING:
     from medomni_cas.store.store import Progress, Store
@@ -34,6 +41,7 @@ __all__ = ["MAX_SWEPT_IDS", "GcReport", "gc"]
 #: At most this many swept ids are listed in a report (the count is always exact).
 MAX_SWEPT_IDS = 1000
 _BATCH = 1024
+_LIST_BATCH = 4096  # listed keys asked of the mark at a time
 # Write times are stored coarsely (ms in LMDB, whole seconds on some filesystems and object
 # stores); an object written just after the start may carry a stamp slightly before it.
 _STAMP_SLACK = 2.0
@@ -54,10 +62,12 @@ class GcReport(msgspec.Struct):
     orphans: int = 0
 
 
-def _roots(store: Store, since: float) -> list[ObjectId]:
-    """Every ref's target, and every id in ref history entries written at or after ``since``."""
-    roots: dict[ObjectId, None] = {oid: None for _, oid in store.refs.items()}
-    for name in store.refs.logged_names():
+def _roots(store: Store, since: float) -> Iterator[bytes]:
+    """Every ref's target, then every id in ref history entries written at or after
+    ``since`` (repeats included: the walk meets each once), as they are listed."""
+    for _, oid in store.refs.items():
+        yield oid
+    for name in store.backend.ref_log_names():
         try:
             entries = store.refs.history(name)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -67,10 +77,20 @@ def _roots(store: Store, since: float) -> list[ObjectId]:
             ) from None
         for entry in entries:
             if entry.time >= since:
-                for oid in (entry.old_id, entry.new_id):
-                    if oid is not None:
-                        roots[oid] = None
-    return list(roots)
+                for logged in (entry.old_id, entry.new_id):
+                    if logged is not None:
+                        yield logged
+
+
+def _refuse_bad(store: Store, check: ClosureCheck) -> None:
+    """Raise for the first corrupt or malformed object the mark met: its links cannot be
+    read, so the mark is incomplete (a missing one is no reason: it has none to follow)."""
+    for key, (kind, detail) in check.bad.items():
+        oid = bytes(key).hex()
+        if kind == CORRUPT:
+            raise IntegrityError(oid, detail, store.url)
+        if kind == MALFORMED:
+            raise InvalidObject(f"object {oid}: {detail}")
 
 
 def gc(
@@ -80,13 +100,15 @@ def gc(
     reflog_retention: float = 30 * 86400.0,
     dry_run: bool = False,
     progress: Progress | None = None,
+    jobs: int | None = 1,
 ) -> GcReport:
     """Delete unreachable objects written more than ``grace`` seconds before this run.
 
     A missing reachable object does not stop gc; a corrupt or malformed one raises
     `IntegrityError` or `InvalidObject` before anything is deleted (its links cannot be read,
     so the mark would be incomplete). ``progress`` gets the number of objects marked, then
-    the number of objects listed.
+    the number of objects listed. ``jobs``: processes that may share the mark (1: this
+    one; None: one per core, up to 4).
     """
     backend = store.backend
     if not backend.supports_deletes:
@@ -96,29 +118,41 @@ def gc(
     start = time.time()  # before any listing: whatever is written from now on is kept
     cutoff = start - grace - _STAMP_SLACK
 
-    reachable: set[bytes] = set()
-    for oid, data in store.walk(
-        _roots(store, start - reflog_retention), allow_missing=True, progress=progress
-    ):
-        if data is not None:
-            reachable.add(oid)
+    # The mark: the store's checked walk (`medomni_cas.store.verify`), whose set of what it
+    # met stays in memory up to a bound and spills to a temporary LMDB beyond it (removed
+    # with the walk; a killed gc leaves it in TMPDIR and has deleted nothing the mark had
+    # not finished with).
+    with CheckedWalk(store, canonical=False, jobs=jobs, progress=progress) as mark:
+        mark.walk(_roots(store, start - reflog_retention))
+        _refuse_bad(store, mark.check)
+        return _sweep(store, mark, cutoff, dry_run, progress)
 
+
+def _sweep(
+    store: Store, mark: CheckedWalk, cutoff: float, dry_run: bool, progress: Progress | None
+) -> GcReport:
+    """Delete what ``mark`` did not reach and is older than ``cutoff``, listing the store
+    a chunk at a time."""
+    backend = store.backend
     swept = kept_young = listed = 0
     swept_ids: list[str] = []
 
     def candidates() -> Iterator[bytes]:
         nonlocal kept_young, listed
-        for key, stamp in backend.iter_stamps():
-            listed += 1
-            if key in reachable:
-                continue
-            if stamp >= cutoff:
-                kept_young += 1
-                continue
-            yield key
+        for part in batched(backend.iter_stamps(), _LIST_BATCH):
+            listed += len(part)
+            unmarked = set(mark.seen.absent([key for key, _ in part]))
+            for key, stamp in part:
+                if key not in unmarked:
+                    continue
+                if stamp >= cutoff:
+                    kept_young += 1
+                    continue
+                yield key
 
     for part in batched(candidates(), _BATCH):
         n = len(part) if dry_run else backend.delete_many(part, older_than=cutoff)
+        crash_point("gc-sweep")  # the tests kill gc here: the mark is done, some swept
         swept += n
         room = MAX_SWEPT_IDS - len(swept_ids)
         if room > 0:
@@ -127,7 +161,7 @@ def gc(
             progress(listed)
     orphans = 0 if dry_run else backend.remove_orphans(cutoff)
     return GcReport(
-        reachable=len(reachable),
+        reachable=mark.check.objects,
         swept=swept,
         kept_young=kept_young,
         dry_run=dry_run,

@@ -53,6 +53,11 @@ as ``refused`` and raises `RefPolicyRefused`. ``force=True`` overrides both the
 fast-forward rule and the policies, and the destination's history records the update as
 forced, with ``message``.
 
+Memory: the set of what the walk met spills to a temporary LMDB beyond a bound
+(`medomni_cas.store._spill`), and the pages of a local store read so far are given back
+after each write batch. Not bounded yet: the objects of a level waiting for their
+children (their bytes are held until the children are written) and each level's ids.
+
 Limit: the walk costs one presence round trip per level of the DAG, so a long chain
 (each object linking only the previous one) costs one round trip per link.
 """
@@ -70,7 +75,8 @@ import msgspec
 from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store._crash import crash_point
-from medomni_cas.store._fast import BatchReader, mismatches, unseen
+from medomni_cas.store._fast import BatchReader, mismatches
+from medomni_cas.store._spill import MarkSet
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.policies import RefPolicyRefused
 from medomni_cas.store.refs import check_ref_name
@@ -210,7 +216,12 @@ class _Sender:
 
     def run(self, roots: Iterable[bytes]) -> None:
         frontier = list(dict.fromkeys(roots))
-        seen: set[bytes] = set(frontier)
+        # what the walk met: in memory, or a temporary LMDB beyond `spill_bound` ids
+        with MarkSet() as seen:
+            seen.add(frontier)
+            self._walk(frontier, seen)
+
+    def _walk(self, frontier: list[bytes], seen: MarkSet) -> None:
         absent = set(self._missing(frontier)) if frontier else set()
         while frontier:
             if self.present == "trust":
@@ -221,12 +232,12 @@ class _Sender:
             interior: list[tuple[bytes, bytes, list[bytes]]] = []
             for key, data, links in self._level(frontier, absent):
                 if data is None:  # dst has it: only its links matter
-                    candidates += unseen(seen, links)
+                    candidates += seen.unseen(links)
                     continue
                 if not links:
                     self._ready(key, data)
                     continue
-                candidates += unseen(seen, links)
+                candidates += seen.unseen(links)
                 interior.append((key, data, links))
             absent = set(self._missing(candidates)) if candidates else set()
             for key, data, links in interior:
@@ -350,6 +361,10 @@ class _Sender:
             return
         self.dst.backend.put_many(batch)
         crash_point("write")
+        for store in (self.src, self.dst):
+            drop = getattr(store.backend, "drop_pages", None)
+            if drop is not None:
+                drop()  # the pages of a local store read so far, given back (still cached)
         self.sent += len(batch)
         for key, data in batch:
             self.nbytes += len(data)

@@ -23,6 +23,16 @@ A batch
     `medomni_cas.store._fast`, here or, for the big levels of a walk and the listing, in
     helper processes (when the store is a local database).
 
+Memory
+    What a walk has met and each level of it stay in memory up to a bound and spill to
+    a temporary directory beyond it (`medomni_cas.store._spill`: a temporary LMDB and
+    run files, removed with the walk), with the same answers in the same order; fsck
+    lists refs, histories and stored keys as it goes, a chunk at a time, and the pages of
+    the store the walk has read are given back as it goes (`medomni_cas.store._mapped`).
+    So a check of 100M objects holds about what one of a few hundred thousand holds.
+    Not bounded: a walk that keeps every object's first linker (``parents=True``, run
+    only when something is wrong, to name paths), and the problems found.
+
 Parents
     Links met before are dropped by set operations. The object that links a missing one is
     looked for only when one is missing (the level above is read again), unless the walk
@@ -31,16 +41,18 @@ Parents
 
 from __future__ import annotations
 
+import heapq
 import operator
-from collections.abc import Iterable
-from itertools import compress
+from collections.abc import Iterable, Iterator
+from itertools import compress, islice
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 import msgspec
 
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
-from medomni_cas.store._fast import BATCH, BatchReader, CheckPool, Findings, new_links, unseen
+from medomni_cas.store._fast import BATCH, BatchReader, CheckPool, Findings, new_links
+from medomni_cas.store._spill import IdList, MarkSet
 from medomni_cas.store.ids import ID_SIZE, ObjectId, parse_id
 
 if TYPE_CHECKING:
@@ -54,6 +66,7 @@ __all__ = [
     "MISSING",
     "REF_HISTORY",
     "Bad",
+    "CheckedWalk",
     "ClosureCheck",
     "FsckReport",
     "Problem",
@@ -68,7 +81,8 @@ MALFORMED = "malformed"
 DANGLING_REF = "dangling-ref"
 DAMAGED = "damaged-file"
 REF_HISTORY = "ref-history"
-_FIRST_BYTE = operator.itemgetter(0)
+_ROOTS_CHUNK = 65_536  # roots taken at a time (fsck's are every ref: maybe millions)
+_SCAN_CHUNK = 65_536  # unreached keys checked at a time by fsck's scan
 
 
 class Problem(msgspec.Struct, frozen=True):
@@ -171,7 +185,9 @@ class _Walk:
         self.pool = CheckPool(store.backend, canonical, 1 if parents else jobs)
         self.reader = BatchReader(self.pool.checker.exact)  # the level above, read again
         self.progress = progress
-        self.seen: set[bytes] = set()  # without parents (``check.parent`` is the set then)
+        # without parents, what the walk met (``check.parent`` is the set then): in memory,
+        # or on disk beyond `spill_bound` ids, as are the levels of the walk
+        self.seen = MarkSet()
         self._new: list[bytes] = []
 
     def __enter__(self) -> _Walk:
@@ -179,40 +195,58 @@ class _Walk:
 
     def __exit__(self, *exc: object) -> None:
         self.pool.close()
+        self.seen.close()
         self.check.processes = 1 + self.pool.helped
 
     def met(self, oid: bytes) -> bool:
         return oid in (self.check.parent if self.check.parents else self.seen)
+
+    def _admit(self, roots: Iterable[bytes], level: IdList) -> None:
+        """Put the roots not met yet in ``level``, each once, a chunk at a time."""
+        it = iter(roots)
+        while chunk := list(islice(it, _ROOTS_CHUNK)):
+            if self.check.parents:
+                new = [r for r in dict.fromkeys(chunk) if r not in self.check.parent]
+                self.check.parent.update(dict.fromkeys(new))
+            else:
+                new = self.seen.unseen(chunk)
+            level.extend(new)
 
     def walk(self, roots: Iterable[bytes]) -> list[bytes]:
         """Check the closures of ``roots`` as one walk, breadth first, each level in
         batches (a store's 100,000 slot refs are otherwise 100,000 small walks); return
         the objects it found bad, in order. What an earlier walk met is not read again."""
         self._new = []
-        frontier = [r for r in dict.fromkeys(roots) if not self.met(r)]
-        if self.check.parents:
-            self.check.parent.update(dict.fromkeys(frontier))
-        else:
-            self.seen.update(frontier)
-        above: list[bytes] = []  # the level above the frontier
-        while frontier:
-            # read close together in key order (LMDB's page order, ~1.5x faster)
-            frontier.sort(key=_FIRST_BYTE)
-            nxt: list[bytes] = []
-            gone: list[bytes] = []
-            for f in self.pool.check(frontier, owners=self.check.parents):
-                self._note(f, absent=True)
-                gone += f.absent
-                if not f.links:
-                    continue
-                if self.check.parents:
-                    self.check._read.append((f.sound, f.owners))
-                    nxt += new_links(self.check.parent, f.sound, f.links, f.owners)
-                else:
-                    nxt += unseen(self.seen, f.links)
-            if gone and above and not self.check.parents:
-                self.check.parent.update(self._first_linkers(set(gone), above))
-            above, frontier = frontier, nxt
+        frontier = IdList()
+        self._admit(roots, frontier)
+        above: IdList | None = None  # the level above the frontier
+        try:
+            while frontier:
+                nxt = IdList()
+                gone: list[bytes] = []
+                # read close together in key order (LMDB's page order, ~1.5x faster): the
+                # level's batches come sorted by first byte
+                held = frontier.as_list()
+                keys = held if held is not None else frontier.batches(BATCH)
+                for f in self.pool.check(keys, owners=self.check.parents, count=len(frontier)):
+                    self._note(f, absent=True)
+                    gone += f.absent
+                    if not f.links:
+                        continue
+                    if self.check.parents:
+                        self.check._read.append((f.sound, f.owners))
+                        nxt.extend(new_links(self.check.parent, f.sound, f.links, f.owners))
+                    else:
+                        nxt.extend(self.seen.unseen(f.links))
+                if gone and above and not self.check.parents:
+                    self.check.parent.update(self._first_linkers(set(gone), above))
+                if above is not None:
+                    above.close()
+                above, frontier = frontier, nxt
+        finally:
+            frontier.close()
+            if above is not None:
+                above.close()
         return self._new
 
     def scan(self, keys: list[bytes]) -> tuple[list[bytes], list[bytes]]:
@@ -242,13 +276,13 @@ class _Walk:
         if self.progress is not None:
             self.progress(check.objects)
 
-    def _first_linkers(self, wanted: set[bytes], level: list[bytes]) -> dict[bytes, bytes]:
+    def _first_linkers(self, wanted: set[bytes], level: IdList) -> dict[bytes, bytes]:
         """For each of ``wanted``, the first object of ``level`` (in walk order) linking it:
         the level is read again, which only happens when something is missing."""
         out: dict[bytes, bytes] = {}
         backend, bad = self.check.store.backend, self.check.bad
-        for i in range(0, len(level), BATCH):
-            keys, datas, _ = _present(level[i : i + BATCH], backend.get_list(level[i : i + BATCH]))
+        for part in level.batches(BATCH):
+            keys, datas, _ = _present(part, backend.get_list(part))
             sound = [k not in bad for k in keys]
             keys, datas = list(compress(keys, sound)), list(compress(datas, sound))
             ids, owners, _ = self.reader.links(datas, ordered=True)
@@ -258,6 +292,10 @@ class _Walk:
             if len(out) == len(wanted):
                 break
         return out
+
+
+#: The walk itself, for a caller that needs what it met (gc's mark: `_Walk.seen`).
+CheckedWalk = _Walk
 
 
 def _present(
@@ -343,42 +381,74 @@ def fsck(store: Store, *, progress: Progress | None = None, jobs: int | None = N
     closure of every ref is complete. ``progress`` gets the number of objects checked;
     ``jobs`` is how many processes may share the work (default: one per core, up to 4; 1:
     this process only)."""
-    refs = list(store.refs.items())
+    # the refs are listed as the walk goes (a store may have millions: slot refs), twice
+    # when something is wrong
+    refs = 0
+
+    def targets() -> Iterator[bytes]:
+        nonlocal refs
+        for _, oid in store.refs.items():
+            refs += 1
+            yield oid
+
     with _Walk(store, canonical=True, jobs=jobs, progress=progress) as fast:
-        fast.walk(oid for _, oid in refs)
+        fast.walk(targets())
         if not fast.check.bad:
             found = _Problems(fast.check)
             _scan(fast, found)
             _check_histories(store, found)
-            return found.report(len(refs))
+            return found.report(refs)
     # something is wrong: walked again one ref at a time, so that each problem names the ref
     # that reaches it first (which the walk of all at once does not know)
     with _Walk(store, canonical=True, jobs=jobs, progress=progress) as w:
         found = _Problems(w.check)
-        for name, oid in refs:
+        refs = 0
+        for name, oid in store.refs.items():
+            refs += 1
             if not w.met(oid):
                 found.bad(w.walk([oid]), name)
             elif (bad := w.check.bad.get(oid)) is not None and bad.kind == MISSING:
                 found.missing(oid, None, name)  # another ref reached it first
         _scan(w, found)
     _check_histories(store, found)
-    return found.report(len(refs))
+    return found.report(refs)
+
+
+def _unreached(w: _Walk) -> Iterator[list[bytes]]:
+    """The stored keys the walk did not reach, in listing order, in chunks of at least
+    `_SCAN_CHUNK` (but the last), none of them held all at once."""
+    listed = iter(w.check.store.backend.iter_keys())
+    out: list[bytes] = []
+    while chunk := list(islice(listed, _SCAN_CHUNK)):
+        out += (
+            w.seen.absent(chunk)
+            if not w.check.parents
+            else [k for k in chunk if k not in w.check.parent]
+        )
+        if len(out) >= _SCAN_CHUNK:
+            yield out
+            out = []
+    if out:
+        yield out
 
 
 def _scan(w: _Walk, found: _Problems) -> None:
     """Check every stored object the walk did not reach."""
     backend = w.check.store.backend
-    keys = [k for k in backend.iter_keys() if not w.met(k)]
-    if not set(map(len, keys)) <= {ID_SIZE}:  # listed by a damaged store
-        for key in keys:
-            if len(key) != ID_SIZE:
-                found.add(
-                    MALFORMED, key.hex(), f"stored key {key.hex()} of {len(key)} bytes is not an id"
-                )
-        keys = [k for k in keys if len(k) == ID_SIZE]
+    odd: list[bytes] = []  # keys listed by a damaged store that are not ids
+    bad: list[bytes] = []
+    absent: list[bytes] = []
+    for keys in _unreached(w):
+        if not set(map(len, keys)) <= {ID_SIZE}:
+            odd += [k for k in keys if len(k) != ID_SIZE]
+            keys = [k for k in keys if len(k) == ID_SIZE]
+        more_bad, more_absent = w.scan(keys)
+        bad += more_bad
+        absent += more_absent
+    for key in odd:
+        found.add(MALFORMED, key.hex(), f"stored key {key.hex()} of {len(key)} bytes is not an id")
     for file, message in backend.damage():
         found.add(DAMAGED, file, message)
-    bad, absent = w.scan(keys)
     for key in absent:
         # Listed but unreadable: gone since the listing (a concurrent gc), or its bytes are
         # lost (an LMDB large-object marker without its file).
@@ -391,17 +461,33 @@ def _scan(w: _Walk, found: _Problems) -> None:
 def _check_histories(store: Store, found: _Problems) -> None:
     """Check every ref, and every name with a history, against its history (the values
     agree, the hash chain is whole: `medomni_cas.store.reflog.check_history`)."""
-    names = {name for name, _ in store.refs.items()}
-    try:
-        names.update(store.refs.logged_names())
-    except (OSError, ValueError) as e:  # a damaged listing of histories (a flipped key)
-        found.add(REF_HISTORY, "", f"the ref histories cannot be listed: {e}")
-    for name in sorted(names):
+    failed: list[Exception] = []
+
+    def logged() -> Iterator[str]:
+        try:
+            yield from store.backend.ref_log_names()
+        except (OSError, ValueError) as e:  # a damaged listing of histories (a flipped key)
+            failed.append(e)
+
+    # Both listings come sorted (the refs by contract; histories, by every backend that
+    # lists many), so they are merged as they come, never held: a name in both is met
+    # twice in a row. A backend that lists otherwise costs a name checked twice, not a
+    # problem lost or repeated (problems are kept once, then put in name order).
+    problems: dict[tuple[str, str], None] = {}
+    last = None
+    for name in heapq.merge((name for name, _ in store.refs.items()), logged()):
+        if name == last:
+            continue
+        last = name
         for message in store.refs.check_history(name):
-            # one ref may have several problems: each is kept
-            found.found.setdefault(
-                (REF_HISTORY, f"{name}\x00{message}"), Problem(REF_HISTORY, name, message, name)
-            )
+            problems[(name, message)] = None
+    if failed:
+        found.add(REF_HISTORY, "", f"the ref histories cannot be listed: {failed[0]}")
+    for name, message in sorted(problems, key=operator.itemgetter(0)):
+        # one ref may have several problems: each is kept
+        found.found.setdefault(
+            (REF_HISTORY, f"{name}\x00{message}"), Problem(REF_HISTORY, name, message, name)
+        )
 
 
 def verify_closure(

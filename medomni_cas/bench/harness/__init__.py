@@ -26,8 +26,9 @@ refs it reads and moves are listed in `medomni_cas.bench.refnames`.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +47,7 @@ from medomni_cas.bench.harness.checks import (
 )
 from medomni_cas.bench.harness.claims import DEFAULT_LEASE, Holder, Lease, LeaseLost
 from medomni_cas.bench.harness.interrupts import Interrupted
+from medomni_cas.bench.harness.slotclaims import JobClaims
 from medomni_cas.bench.recording import record_job, record_trial
 from medomni_cas.bench.records import (
     AGENT_OUTCOMES,
@@ -61,6 +63,7 @@ from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.bench.scratch import SCRATCH_FOLDER
 from medomni_cas.bench.secrets import redactor
+from medomni_cas.bench.trialpool import default_concurrency
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.files import atomic_write
@@ -90,6 +93,7 @@ __all__ = [
     "run_states",
 ]
 
+_HELD_POLL = 1.0  # seconds between looks at the slots other harnesses hold
 Progress = Callable[[str, int, int], None]  # (job name, slots done, slots in the job)
 
 
@@ -226,8 +230,17 @@ def _rerun_chosen(state: RunState, rerun: Rerun) -> bool:
     )
 
 
-def _final_runs(store: Store, slots: list[bytes]) -> list[ObjectId]:
-    return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
+def _final_runs(
+    store: Store, slots: list[bytes], known: Mapping[bytes, ObjectId] | None = None
+) -> list[ObjectId]:
+    """The latest run of each slot that has one, in order; the refs this harness moved
+    itself (``known``) are not read again (on S3 a request each)."""
+    if not known:
+        return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
+    ask = [s for s in slots if s not in known]
+    read = dict(zip(ask, store.refs.get_many_by_id(SLOT_REFS, ask), strict=True))
+    runs = [known[s] if s in known else read[s] for s in slots]
+    return [rid for rid in runs if rid is not None]
 
 
 @dataclass
@@ -340,6 +353,7 @@ def run_set(
     shard: tuple[int, int] | None = None,
     rerun: Rerun | None = None,
     fail_fast: int = 5,
+    concurrency: int | None = None,
 ) -> RunReport:
     """Check the set, then run what has not run yet; see the module docstring.
 
@@ -352,6 +366,10 @@ def run_set(
     "failed" (also agent-failed and timeout), "unanswered" (every run without a scored
     answer) or "all". ``fail_fast=K`` stops a job whose first K runs of this call all ended
     without an answer with the same error (0: never).
+
+    ``concurrency`` is how many trials the runner may run at once (default: the cores this
+    process may use); the process runner keeps that many agents running, each isolated as
+    when they run one by one. It changes no record but the runs' times.
 
     ``claim_timeout`` is this harness's lease in seconds: how long other harnesses wait for
     its heartbeat before they take its slots over. Raises `Interrupted` on SIGINT / SIGTERM
@@ -370,6 +388,10 @@ def run_set(
         raise MedomniError(
             f"--claim-timeout wants a positive number of seconds, got {claim_timeout}"
         )
+    if concurrency is None:
+        concurrency = default_concurrency()
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise MedomniError(f"--concurrency must be at least 1 trial at once, got {concurrency}")
     if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise MedomniError(f"shard {shard[0]}/{shard[1]}: want i/n with 0 <= i < n")
     view = show_set(store, name)
@@ -416,6 +438,7 @@ def run_set(
                 runner=impl.name,
                 scratch=runs_dir / SCRATCH_FOLDER,
                 private=tuple(p for p in (studio, runs_dir) if p is not None),
+                concurrency=concurrency,
             )
             plan = resume(
                 store,
@@ -515,65 +538,75 @@ def _run_job(
     started, job.name = _job_started(store, view, job)
     job.folder = runs_dir / job.name
     ran = infra = 0
-    held: list[str] = []
-    held_slots: set[bytes] = set()
     stopped = ""
     halted: Interrupted | LeaseLost | None = None
     # the errors of this call's first runs, until one answers or fail_fast of them are in
     failures: list[str] = []
     watching = fail_fast > 0
     lease.sweep(slots, {t.slot for t in job.trials})
-    if job.trials:
-        specs: dict[ObjectId, TrialSpec] = {}
-        try:
-            # claim every slot first: another harness on this store skips what we hold
-            for t in job.trials:
-                interrupts.check()
-                holder = lease.claim(t.slot)
-                if holder is None:
-                    specs[t.slot] = t
-                else:
-                    held.append(str(holder))
-                    held_slots.add(t.slot)
-            job.trials = list(specs.values())
+    claims = JobClaims(store, lease, planned.previous)
+    recorded: dict[bytes, ObjectId] = {}  # slot -> the run this call recorded
+    records: dict[ObjectId, RunRecord] = {}
+    todo, total = job.trials, len(job.trials)
+    try:
+        while todo and not stopped:
+            if impl.claims_each:
+                # the runner claims each slot as it starts it: harnesses share the job
+                job.trials, job.claim = todo, claims.claim
+            else:
+                # claim every slot first: another harness on this store skips what we hold
+                job.trials = claims.claim_all(todo, interrupts.check)
             if job.trials:
                 job.folder.mkdir(parents=True, exist_ok=True)
                 with interrupts.interruptible():  # a runner never writes to the store
                     impl.prepare(job)
-                for stream in (impl.run(job), impl.collect(job)):
-                    for trial in interrupts.each(stream, lease.check):
-                        spec = specs.pop(trial.slot, None)
-                        if spec is None:
-                            continue  # a runner reporting a slot twice, or one not ours
-                        if not lease.holds(trial.slot):
-                            continue  # our lease lapsed and another harness took it over
-                        previous = planned.previous[trial.slot]
-                        _, record = record_trial(store, job, spec, trial, view.task_set, previous)
-                        lease.release(trial.slot)
-                        ran += 1
-                        infra += trial.outcome == "infra-error"
-                        if progress is not None:
-                            progress(job.name, ran, len(job.trials))
-                        if watching:
-                            if record.outcome == "answered" and record.agent_block.meets_arm:
-                                watching = False  # it answers: no early stop for this job
-                            else:
-                                failures.append(_error_of(record, trial))
-                                watching = len(failures) < fail_fast
-                                if len(failures) == fail_fast and len(set(failures)) == 1:
-                                    stopped = failures[0]
-                                    break
-                    if stopped:
-                        close = getattr(stream, "close", None)
-                        if close is not None:
-                            close()  # the runner's clean-up: its trial in flight ends
-                        break
-        except (Interrupted, LeaseLost) as e:
-            halted = e  # record what finished, then stop
-        finally:
-            for slot in specs:
-                lease.release(slot)  # not run (runner stopped early): free for the next try
-    runs = _final_runs(store, slots)
+            for stream in (impl.run(job), impl.collect(job)) if job.trials else ():
+                for trial in interrupts.each(stream, lease.check):
+                    spec = claims.specs.pop(trial.slot, None)
+                    if spec is None:
+                        continue  # a runner reporting a slot twice, or one not ours
+                    if not lease.holds(trial.slot):
+                        continue  # our lease lapsed and another harness took it over
+                    previous = planned.previous[trial.slot]
+                    rid, record = record_trial(store, job, spec, trial, view.task_set, previous)
+                    recorded[trial.slot] = rid
+                    records[rid] = record
+                    lease.release(trial.slot)
+                    ran += 1
+                    infra += trial.outcome == "infra-error"
+                    if progress is not None:
+                        progress(job.name, ran, total)
+                    if watching:
+                        if record.outcome == "answered" and record.agent_block.meets_arm:
+                            watching = False  # it answers: no early stop for this job
+                        else:
+                            failures.append(_error_of(record, trial))
+                            watching = len(failures) < fail_fast
+                            if len(failures) == fail_fast and len(set(failures)) == 1:
+                                stopped = failures[0]
+                                break
+                if stopped:
+                    close = getattr(stream, "close", None)
+                    if close is not None:
+                        close()  # the runner's clean-up: its trials in flight end
+                    break
+            # slots other harnesses held: a runner that claims each slot waits for them, and
+            # runs those whose holder died; the others report them held, as before
+            todo = []
+            if impl.claims_each and claims.waiting and not stopped:
+                with interrupts.interruptible():
+                    time.sleep(min(_HELD_POLL, lease.timeout / 3))
+                lease.check()
+                todo = claims.retry()
+    except (Interrupted, LeaseLost) as e:
+        halted = e  # record what finished, then stop
+    finally:
+        job.claim = None
+        for slot in claims.specs:
+            lease.release(slot)  # not run (runner stopped early): free for the next try
+    held = claims.holders()
+    held_slots: set[bytes] = set(claims.waiting)
+    runs = _final_runs(store, slots, recorded)
     assert view.build is not None  # run_set refuses a set without one
     jid = record_job(
         store,
@@ -583,6 +616,7 @@ def _run_job(
         set_build=view.build,
         rows=planned.rows,
         started=started,
+        known=records,
     )
     report = JobReport(
         job.name,
@@ -596,7 +630,7 @@ def _run_job(
         infra_errors=infra,
         stopped=stopped,
     )
-    _count(store, planned, report, held_slots)
+    _count(store, planned, report, held_slots, recorded, records)
     if runs:
         write_run_folder(store, jid, job.folder)
     if job.folder.is_dir():
@@ -620,7 +654,14 @@ def report_json(report: JobReport) -> bytes:
     return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
 
 
-def _count(store: Store, planned: _Planned, report: JobReport, held: set[bytes]) -> None:
+def _count(
+    store: Store,
+    planned: _Planned,
+    report: JobReport,
+    held: set[bytes],
+    recorded: Mapping[bytes, ObjectId] | None = None,
+    records: Mapping[ObjectId, RunRecord] | None = None,
+) -> None:
     """Fill in where the slots in scope stand now: those done before as the resume check
     found them, those planned to run as their refs say after the run (but those another
     harness held, which the report counts as held)."""
@@ -628,8 +669,14 @@ def _count(store: Store, planned: _Planned, report: JobReport, held: set[bytes])
     report.unanswered = planned.plan.unanswered
     slots = [planned.plan.slots[i] for i, _, _ in planned.plan.to_run]
     slots = [s for s in slots if s not in held]
-    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
-    states = run_states(store, [r for r in lasts if r is not None])
+    recorded, records = recorded or {}, records or {}
+    ask = [s for s in slots if s not in recorded]
+    read = dict(zip(ask, store.refs.get_many_by_id(SLOT_REFS, ask), strict=True))
+    lasts = [recorded[s] if s in recorded else read[s] for s in slots]
+    # the runs this call recorded are known; only the others' are read
+    states = run_states(store, [r for r in lasts if r is not None and r not in records])
+    for rid, r in records.items():
+        states[rid] = RunState(r.outcome, r.attempt, r.agent_block.meets_arm)
     for last in lasts:
         if last is None:
             report.never_run += 1

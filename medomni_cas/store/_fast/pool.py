@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from queue import SimpleQueue
 from typing import BinaryIO
 
@@ -52,6 +52,7 @@ BATCH = 4096
 MIN_LEVEL = 4 * BATCH
 _MAX_JOBS = 4  # beyond this the walk itself (new links, reports) is the bottleneck
 _IN_FLIGHT = 3  # batches a helper holds: it never idles while this process checks one
+_DROP_EVERY = 1  # batches checked between two drops of the store's mapped pages
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 30
 _COMMAND = ("-m", "medomni_cas.store._fast.pool")  # run by this interpreter
@@ -179,6 +180,34 @@ def _read_frame(fd: int) -> bytes:
     return _read_exactly(fd, n)
 
 
+class _Lazy:
+    """Batches taken from an iterator as they are needed, for `CheckPool.check`: the same
+    calls as its deque (helpers take from the front too: the level is read in order), and
+    batches given back (by a dropped helper) come first."""
+
+    def __init__(self, batches: Iterable[list[bytes]]) -> None:
+        self._it = iter(batches)
+        self._back: deque[list[bytes]] = deque()
+
+    def __bool__(self) -> bool:
+        if not self._back:
+            nxt = next(self._it, None)
+            if nxt is None:
+                return False
+            self._back.append(nxt)
+        return True
+
+    def popleft(self) -> list[bytes]:
+        if self._back:
+            return self._back.popleft()
+        return next(self._it)
+
+    pop = popleft
+
+    def extend(self, batches: Iterable[list[bytes]]) -> None:
+        self._back.extend(batches)
+
+
 def _read_exactly(fd: int, n: int) -> bytes:
     parts: list[bytes] = []
     while n:
@@ -216,6 +245,7 @@ class CheckPool:
         self._started = False
         #: helper processes that checked at least one batch (so far)
         self.helped = 0
+        self._checked = 0  # batches checked here, over every call
         self._findings = msgspec.msgpack.Decoder(Findings)
         self._ready = msgspec.msgpack.Decoder(Ready)
 
@@ -232,13 +262,26 @@ class CheckPool:
             # early), has nothing to finish
             h.close(kill=not h.ready or bool(h.held))
 
-    def check(self, keys: list[bytes], *, owners: bool = False) -> Iterator[Findings]:
+    def check(
+        self,
+        keys: list[bytes] | Iterable[list[bytes]],
+        *,
+        owners: bool = False,
+        count: int | None = None,
+    ) -> Iterator[Findings]:
         """The findings of ``keys`` (32-byte ids), batch by batch in no set order: checked
         here, or by helpers when the level is big. Owners are only kept here (a helper's
-        links come without them)."""
-        batches = deque(keys[i : i + BATCH] for i in range(0, len(keys), BATCH))
-        if not owners and len(keys) >= MIN_LEVEL:
+        links come without them). ``keys`` may also be batches, taken as they are needed
+        (a level too big to hold), ``count`` ids in all."""
+        batches: deque[list[bytes]] | _Lazy
+        if isinstance(keys, list):
+            batches = deque(keys[i : i + BATCH] for i in range(0, len(keys), BATCH))
+            count = len(keys)
+        else:
+            batches = _Lazy(keys)
+        if not owners and (count or 0) >= MIN_LEVEL:
             self._start()
+        drop = getattr(self.backend, "drop_pages", None)
         while True:
             for h in list(self._helpers):
                 try:
@@ -250,6 +293,9 @@ class CheckPool:
                 # close together in key order
                 batch = batches.popleft()
                 yield self.checker(batch, self.backend.get_list(batch), owners=owners)
+                self._checked += 1
+                if drop is not None and self._checked % _DROP_EVERY == 0:
+                    drop()  # the pages read so far, given back (they stay cached)
             elif any(h.held for h in self._helpers):
                 self._wait(batches)
             else:
@@ -273,7 +319,7 @@ class CheckPool:
             except (OSError, ValueError):  # no process can be started here: check alone
                 break
 
-    def _collect(self, h: _Helper, batches: deque[list[bytes]]) -> Iterator[Findings]:
+    def _collect(self, h: _Helper, batches: deque[list[bytes]] | _Lazy) -> Iterator[Findings]:
         """The answers ``h`` has ready, then as many batches as it may hold."""
         if not h.ready:
             if not h.readable():
@@ -292,7 +338,7 @@ class CheckPool:
         while batches and len(h.held) < _IN_FLIGHT:
             h.send(batches.pop())
 
-    def _wait(self, batches: deque[list[bytes]]) -> None:
+    def _wait(self, batches: deque[list[bytes]] | _Lazy) -> None:
         """Nothing left to check here: wait for a helper's answer; drop the helpers that
         died meanwhile (their batches come back to ``batches``)."""
         busy = [h for h in self._helpers if h.held]
@@ -302,7 +348,7 @@ class CheckPool:
             if h.proc.poll() is not None:
                 self._drop(h, batches, f"it exited with status {h.proc.returncode}")
 
-    def _drop(self, h: _Helper, batches: deque[list[bytes]], why: str) -> None:
+    def _drop(self, h: _Helper, batches: deque[list[bytes]] | _Lazy, why: str) -> None:
         """Stop using ``h``; the batches it held go back to be checked here. Logged: the
         answer is whole, but the check is slower than it should be."""
         self._helpers.remove(h)
@@ -343,6 +389,8 @@ def _serve(inp: int, out: int) -> int:
     encode = msgspec.msgpack.Encoder(enc_hook=bytes).encode  # ObjectId is a bytes subclass
     check = BatchChecker(hello.canonical, hello.exact)
     send(msgspec.msgpack.encode(Ready()))
+    served = 0
+    drop = getattr(backend, "drop_pages", None)
     try:
         while True:
             try:
@@ -351,6 +399,9 @@ def _serve(inp: int, out: int) -> int:
                 return 0  # stdin closed: the walk is over
             keys = [body[i : i + ID_SIZE] for i in range(0, len(body), ID_SIZE)]
             found = check(keys, backend.get_list(keys))
+            served += 1
+            if drop is not None and served % _DROP_EVERY == 0:
+                drop()
             found.links = list(set(found.links))  # the walk needs each link once
             send(encode(found))
     finally:

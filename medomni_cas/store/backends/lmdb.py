@@ -38,6 +38,7 @@ from urllib.parse import parse_qs
 import lmdb
 
 from medomni_cas.errors import EnvironmentFailure
+from medomni_cas.store import _mapped
 from medomni_cas.store.backend import FRESHEN_AFTER, Backend, Entry, no_store
 from medomni_cas.store.backends._layout import key_of, object_path
 from medomni_cas.store.backends._lmdbenv import acquire
@@ -52,6 +53,8 @@ _FIRST = itemgetter(0)  # a value's flag byte
 _DATA = itemgetter(slice(_HDR.size, None))  # an inline value's object bytes
 FRESHEN_AFTER_MS = int(FRESHEN_AFTER * 1000)
 _INITIAL_MAP = 1 << 30
+#: Keys a listing reads per read transaction (`LMDBBackend._listing`).
+_LIST_CHUNK = 16_384
 T = TypeVar("T")
 
 
@@ -295,26 +298,58 @@ class LMDBBackend(Backend):
     def iter_keys(self, hex_prefix: str = "") -> Iterator[bytes]:
         # docstring inherited
         start = bytes.fromhex(hex_prefix[: len(hex_prefix) // 2 * 2])
-        out: list[bytes] = []
-        with self._read() as txn:
-            cur = txn.cursor(self._objects)
-            if cur.set_range(start):
-                for view in cur.iternext(keys=True, values=False):
-                    key = bytes(view)
-                    if not key.startswith(start):
-                        break
-                    if key.hex().startswith(hex_prefix):
-                        out.append(key)
-        return iter(out)
+        for chunk in self._listing(self._objects, start, values=False):
+            for key, _ in chunk:
+                if not key.startswith(start):
+                    return
+                if key.hex().startswith(hex_prefix):
+                    yield key
 
     def iter_stamps(self) -> Iterator[tuple[bytes, float]]:
         # docstring inherited
-        with self._read() as txn:
-            out = [
-                (bytes(key), _HDR.unpack_from(value)[1] / 1000.0)
-                for key, value in txn.cursor(self._objects)
-            ]
-        return iter(out)
+        unpack = _HDR.unpack_from
+        for chunk in self._listing(self._objects, b"", values=True):
+            for key, value in chunk:
+                yield key, unpack(value)[1] / 1000.0
+
+    def _listing(
+        self, db: lmdb._Database, start: bytes, *, values: bool
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
+        """The keys (and values) of ``db`` from ``start`` on, in key order, `_LIST_CHUNK` at a
+        time, each chunk read in a read transaction of its own and held alone: a listing
+        never holds every key, nor a read transaction while its caller works (which would
+        keep LMDB from reusing pages). A key written meanwhile may or may not be listed."""
+        after: bytes | None = None
+        while True:
+            chunk: list[tuple[bytes, bytes]] = []
+            with self._read() as txn:
+                cur = txn.cursor(db)
+                if not cur.set_range(start if after is None else after):
+                    return
+                if after is not None and bytes(cur.key()) == after and not cur.next():
+                    return
+                if values:
+                    for key, value in cur.iternext(keys=True, values=True):
+                        chunk.append((bytes(key), bytes(value)))
+                        if len(chunk) >= _LIST_CHUNK:
+                            break
+                else:
+                    for key in cur.iternext(keys=True, values=False):
+                        chunk.append((bytes(key), b""))
+                        if len(chunk) >= _LIST_CHUNK:
+                            break
+            self.drop_pages()  # what the listing mapped, given back as it goes
+            if not chunk:
+                return
+            yield chunk
+            if len(chunk) < _LIST_CHUNK:
+                return
+            after = chunk[-1][0]
+
+    def drop_pages(self) -> None:
+        """Give back the pages of the data file this process has read (its RSS); they stay
+        in the page cache (`medomni_cas.store._mapped`)."""
+        _mapped.drop(self.path / "data.mdb")
 
     def delete_many(self, keys: Iterable[bytes], *, older_than: float | None = None) -> int:
         # docstring inherited
@@ -434,16 +469,11 @@ class LMDBBackend(Backend):
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         # docstring inherited
         start = prefix.encode()
-        with self._read() as txn:
-            cur = txn.cursor(self._refs)
-            out = []
-            if cur.set_range(start):
-                for view, value in cur:
-                    key = bytes(view)
-                    if not key.startswith(start):
-                        break
-                    out.append((key.decode(), bytes(value)))
-        return iter(out)
+        for chunk in self._listing(self._refs, start, values=True):
+            for key, value in chunk:
+                if not key.startswith(start):
+                    return
+                yield key.decode(), value
 
     def ref_log(self, name: str) -> list[bytes]:
         # docstring inherited
@@ -462,13 +492,13 @@ class LMDBBackend(Backend):
 
     def ref_log_names(self) -> Iterator[str]:
         # docstring inherited
-        names: list[str] = []
-        with self._read() as txn:
-            for key in txn.cursor(self._reflog).iternext(keys=True, values=False):
-                name = bytes(key)[:-9].decode()
-                if not names or names[-1] != name:
-                    names.append(name)
-        return iter(names)
+        last = ""
+        for chunk in self._listing(self._reflog, b"", values=False):
+            for key, _ in chunk:
+                name = key[:-9].decode()
+                if name != last:
+                    yield name
+                    last = name
 
     def close(self) -> None:
         # docstring inherited

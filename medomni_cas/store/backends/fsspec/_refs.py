@@ -23,8 +23,9 @@ at ``seq``, and only one writer creates ``seq + 1``, so no two entries link the 
 Readers of the ref alone may see the value before such an unfinished update until the
 next writer completes it. The log entry is read only when the ref differs from the
 expected value or the create loses, so a successful update costs three requests (read,
-create, move). Without conditional writes the same steps run with plain writes, which is
-safe only for a single writer (the store enforces that).
+create, move); the entry of an update this process made is not read back to chain the
+next one to it (a claim's release). Without conditional writes the same steps run with
+plain writes, which is safe only for a single writer (the store enforces that).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = ["MAX_ROUNDS", "RefFiles"]
 
 # Each round of a ref update means another writer made progress; give up after this many.
 MAX_ROUNDS = 1000
+_MADE_LIMIT = 4096  # history entries of our own kept for chaining (a claim's release)
 _TOMBSTONE = b"-"
 
 
@@ -71,6 +73,9 @@ class RefFiles:
 
     def __init__(self, remote: Remote) -> None:
         self.remote = remote
+        # history entries this process created, by (encoded name, seq): create-only, so
+        # never changed; the next update of the ref chains to one without reading it back
+        self._made: dict[tuple[str, int], bytes] = {}
 
     # -- paths -----------------------------------------------------------------------------
     def ref_path(self, encoded: str) -> str:
@@ -162,9 +167,11 @@ class RefFiles:
         head = (_TOMBSTONE if new is None else bytes(new).hex().encode()) + b"\n"
         for _ in range(MAX_ROUNDS):
             value, seq, etag = self._read(encoded)
-            if value == old and self.remote.create(
-                self.log_path(encoded, seq + 1), head + self._entry(encoded, seq, entry)
-            ):
+            made = self._entry(encoded, seq, entry) if value == old else b""
+            if value == old and self.remote.create(self.log_path(encoded, seq + 1), head + made):
+                if len(self._made) >= _MADE_LIMIT:
+                    self._made.clear()
+                self._made[(encoded, seq + 1)] = made
                 self._move(name, encoded, etag, None if new is None else bytes(new), seq + 1)
                 return True
             # the ref differs, or update seq + 1 was decided by another writer: an update
@@ -184,6 +191,9 @@ class RefFiles:
             return entry
         if seq == 0:
             return entry(None)
+        mine = self._made.get((encoded, seq))
+        if mine is not None:
+            return entry(mine)
         path = self.log_path(encoded, seq)
         data = self.remote.cat(path)
         # a lost entry is a damaged history, which fsck reports: it must not block the ref

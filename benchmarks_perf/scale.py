@@ -1,0 +1,412 @@
+"""``python -m benchmarks_perf scale [--quick]``: how time and memory grow with the work.
+
+Each operation runs at 1x, 4x and 16x the work, in a fresh process of its own
+(`benchmarks_perf.scale_ops`) on stores built beforehand (building is not timed):
+
+* build: `build_pair` of the example CKD template (3 arms + 6 ladder rungs) on a cohort of
+  N patients, into a fresh store;
+* resume: `harness.resume` of every job's slots (2 arms x 2 repetitions);
+* score: `score_jobs` (``n_boot=0``, answer columns already kept) over N rows;
+* verify: `verify_result` of the result over those runs (``--jobs 1``), N objects;
+* fsck: `fsck` of the whole store (``-j 1``), N objects, a tenth unreachable;
+* push / pull: the result's ref and its closure, ``lmdb://`` to a fresh ``lmdb://``;
+* gc: `gc` (``grace=0``) of the same store, a tenth of its objects unreachable (swept).
+
+Reported per operation: seconds and peak RSS at each size; the slope of time against work
+on log-log (1.0 is linear; the target is <= 1.05, i.e. 16x the work in <= 1.15 x 16x the
+time), and peak RSS at 16x over peak RSS at 1x (target <= 2x for fsck, gc, verify and
+push). Peak RSS is the child's ``VmHWM`` (anonymous and mapped pages: LMDB's map
+counts where its pages were read); "anon" is the peak of its anonymous pages alone
+(``RssAnon``, sampled every 10 ms from outside), what the process itself holds.
+
+``--only OP`` (repeatable) runs some operations; ``--factors 1,4,16`` other sizes;
+``--size F`` makes 1x a fraction F of the full run's (a loaded machine);
+``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
+of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table.
+``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from benchmarks_perf.scale_ops import OPS, run_child
+
+# The stores' builders (numpy, pyarrow, the studio) are imported where used: a child that
+# runs one operation imports only what that operation needs, so its memory is the op's.
+
+ROOT = Path(__file__).resolve().parent.parent
+REF = "scale/result"
+MiB = 1 << 20
+#: operations whose peak RSS at 16x must stay within 2x of that at 1x
+BOUNDED = ("verify", "fsck", "gc", "push")
+MAX_SLOPE = 1.05
+MAX_RSS_RATIO = 2.0
+#: the environment of a baseline run: the spill bound lifted, every set and level in memory
+IN_MEMORY = {"MEDOMNI_SPILL_IDS": str(1 << 40)}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    atoms_per_arm: int  # 1x: 2 arms x 2 repetitions x this many slots (about 4.2 objects each)
+    score_jobs: int  # 1x: this many jobs of rows_per_job rows
+    rows_per_job: int
+    patients: int  # 1x: the cohort built
+
+
+FULL = Sizes(atoms_per_arm=1_250, score_jobs=10, rows_per_job=100_000, patients=120)
+QUICK = Sizes(atoms_per_arm=50, score_jobs=1, rows_per_job=1_000, patients=5)
+QUICK_FACTORS = "1,2"
+
+
+@dataclass
+class Measure:
+    work: int
+    seconds: float
+    maxrss: float  # MiB
+    anon: float  # MiB, sampled
+
+
+def _status(pid: int) -> dict[str, int]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+):\s+(\d+) kB", text, re.M)}
+
+
+def measure(op: str, spec: dict[str, Any], tmp: Path, env: dict[str, str] | None = None) -> Any:
+    """Run ``op`` in a fresh process on ``spec``; its JSON line, with the sampled peak of
+    its anonymous pages (``anon_kib``)."""
+    path = tmp / f"spec-{op}.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks_perf", "scale", "--child", op, str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    anon = 0
+    while proc.poll() is None:
+        anon = max(anon, _status(proc.pid).get("RssAnon", 0))
+        time.sleep(0.01)
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"scale {op} failed ({proc.returncode}):\n{err}")
+    got = json.loads(out.strip().splitlines()[-1])
+    got["anon_kib"] = anon
+    path.unlink()
+    # each figure as it comes: a run cut short still tells what it measured
+    shown = f"{op}{' (' + ','.join(f'{k}={v}' for k, v in env.items()) + ')' if env else ''}"
+    print(f"    {shown}: {got}", flush=True)
+    return got
+
+
+def _m(got: dict[str, Any], work: int) -> Measure:
+    return Measure(work, got["seconds"], got["maxrss_kib"] / 1024, got["anon_kib"] / 1024)
+
+
+def _expect(op: str, got: dict[str, Any], **want: int) -> None:
+    for k, v in want.items():
+        if got.get(k) != v:
+            raise RuntimeError(f"scale {op}: {k} is {got.get(k)}, expected {v}: {got}")
+
+
+# -- the stores ---------------------------------------------------------------------------------
+def runs_ops(tmp: Path, sizes: Sizes, f: int, only: set[str], baseline: bool) -> dict[str, Measure]:
+    """resume, verify, fsck, push, pull and gc at ``f`` times the work, on one store."""
+    from benchmarks_perf import bench
+    from medomni_cas.store.blobs import blob_object
+
+    out: dict[str, Measure] = {}
+    path = tmp / f"runs-{f}"
+    runs = bench.build_runs(
+        path,
+        bench.Sizes(
+            arms=2,
+            reps=2,
+            atoms_per_arm=sizes.atoms_per_arm * f,
+            score_jobs=0,
+            rows_per_job=0,
+            python_jobs=0,
+            repeats=1,
+        ),
+    )
+    store = runs.store
+    store.refs.set(REF, runs.result)
+    # a tenth of the objects unreachable (gc sweeps them, fsck checks them)
+    garbage = runs.objects // 9
+    for i in range(0, garbage, 10_000):
+        store.backend.put_many(
+            [
+                blob_object(f"unreachable {j}: a run's log that no record names".encode())
+                for j in range(i, min(garbage, i + 10_000))
+            ]
+        )
+    written = time.time()
+    total = sum(1 for _ in store.backend.iter_keys())
+    slots = 4 * sizes.atoms_per_arm * f
+    spec: dict[str, Any] = {
+        "store": str(path),
+        "result": runs.result.hex(),
+        "ref": REF,
+        "modules": ["benchmarks_perf._records"],
+        "agent": runs.agent.hex(),
+        "jobs": [([a.hex() for a in atoms], arm, rep) for atoms, arm, rep in runs.jobs],
+    }
+    store.close()
+    os.sync()  # written with durable=False: flushed now, not by the kernel while timing
+    closure = total - garbage
+    print(f"  {f}x: {slots:,} slots, {total:,} objects ({garbage:,} unreachable)", flush=True)
+    if "resume" in only:
+        got = measure("resume", spec, tmp)
+        _expect("resume", got, slots=slots)
+        out["resume"] = _m(got, slots)
+    if "verify" in only:
+        got = measure("verify", spec, tmp)
+        _expect("verify", got, problems=0)
+        closure = got["objects"]
+        out["verify"] = _m(got, got["objects"])
+        if baseline:
+            got = measure("verify", spec, tmp, env=IN_MEMORY)
+            _expect("verify", got, problems=0, objects=closure)
+            out["verify, in memory"] = _m(got, closure)
+    if "fsck" in only:
+        got = measure("fsck", spec, tmp)
+        _expect("fsck", got, objects=total, problems=0, history=0)
+        out["fsck"] = _m(got, total)
+        if baseline:
+            got = measure("fsck", spec, tmp, env=IN_MEMORY)
+            _expect("fsck", got, objects=total, problems=0, history=0)
+            out["fsck, in memory"] = _m(got, total)
+    for op in ("push", "pull"):
+        if op in only:
+            other = tmp / f"{op}-{f}"
+            got = measure(op, {**spec, "other": str(other)}, tmp)
+            shutil.rmtree(other)
+            _expect(op, got, objects=closure)
+            out[op] = _m(got, closure)
+    if "gc" in only:
+        time.sleep(max(0.0, written + 3.0 - time.time()))  # older than gc's stamp slack
+        got = measure("gc", spec, tmp)
+        _expect("gc", got, swept=garbage, objects=total)
+        out["gc"] = _m(got, total)
+    shutil.rmtree(path)
+    return out
+
+
+def score_op(tmp: Path, sizes: Sizes, f: int) -> Measure:
+    from benchmarks_perf import bench_score
+    from medomni_cas.bench.scorer import score_jobs
+
+    path = tmp / f"score-{f}"
+    jobs = sizes.score_jobs * f
+
+    @dataclass
+    class _ScoreSizes:
+        score_jobs: int
+        rows_per_job: int
+        python_jobs: int = 0
+        repeats: int = 1
+
+    s = bench_score.build_scoring(path, _ScoreSizes(jobs, sizes.rows_per_job))
+    score_jobs(s.store, s.jobs, n_boot=0, allow_partial=True)  # keeps the answer columns
+    s.store.close()
+    os.sync()
+    spec = {"store": str(path), "jobs": [j.hex() for j in s.jobs], "rows": s.rows}
+    got = measure("score", spec, tmp)
+    shutil.rmtree(path)
+    return _m(got, s.rows)
+
+
+def build_op(tmp: Path, data: Path, sizes: Sizes, f: int) -> Measure:
+    from benchmarks_perf import studio
+
+    n = sizes.patients * f
+    root = studio._studio(tmp / f"studio-{f}", n)
+    store = tmp / f"build-{f}"
+    spec = {
+        "store": str(store),
+        "studio": str(root),
+        "template": studio.TEMPLATE,
+        "cohort": studio.COHORT,
+        "data": str(data),
+        "patients": n,
+    }
+    got = measure("build", spec, tmp)
+    shutil.rmtree(store)
+    shutil.rmtree(tmp / f"studio-{f}")
+    return _m(got, n)
+
+
+# -- the table ----------------------------------------------------------------------------------
+def slope(points: list[Measure]) -> float:
+    """Least squares slope of log(seconds) against log(work)."""
+    xs = [math.log(p.work) for p in points]
+    ys = [math.log(max(p.seconds, 1e-6)) for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
+
+
+UNITS = {
+    "build": "patients",
+    "resume": "slots",
+    "score": "rows",
+    "verify": "objects",
+    "fsck": "objects",
+    "gc": "objects",
+    "push": "objects",
+    "pull": "objects",
+}
+
+
+def _n(x: float) -> str:
+    for div, suffix in ((1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.0f}"
+
+
+def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
+    head = [
+        "benchmark",
+        "work " + " / ".join(f"{f}x" for f in factors),
+        "seconds",
+        "peak RSS MiB",
+        "anon MiB",
+        "slope",
+        f"t({factors[-1]}x) / linear",
+        f"RSS {factors[-1]}x/{factors[0]}x",
+        "result",
+    ]
+    body = []
+    for op, points in results.items():
+        base = op.split(",")[0]
+        s = slope(points)
+        first, last = points[0], points[-1]
+        linear = last.seconds / (first.seconds * last.work / first.work)
+        rss = last.maxrss / first.maxrss
+        bounded = op in BOUNDED  # a baseline row (", in memory") has no target
+        ok = s <= MAX_SLOPE and (not bounded or rss <= MAX_RSS_RATIO)
+        body.append(
+            [
+                f"{op} ({UNITS[base]})",
+                " / ".join(_n(p.work) for p in points),
+                " / ".join(f"{p.seconds:.3g}" for p in points),
+                " / ".join(f"{p.maxrss:.0f}" for p in points),
+                " / ".join(f"{p.anon:.0f}" for p in points),
+                f"{s:.2f}",
+                f"{linear:.2f}x",
+                f"{rss:.2f}x" + ("" if bounded else " (no target)"),
+                ("PASS" if ok else "MISS") if "," not in op else "",
+            ]
+        )
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    table = "\n".join([line(head), sep, *(line(b) for b in body)])
+    notes = []
+    for op in BOUNDED:
+        mem = results.get(f"{op}, in memory")
+        if mem and results.get(op):
+            ratios = " / ".join(
+                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], mem, strict=True)
+            )
+            notes.append(f"{op}: time with the bound / bound lifted, at each size: {ratios}")
+    return "\n".join([table, *notes])
+
+
+# -- driver -------------------------------------------------------------------------------------
+def _command(argv: Sequence[str]) -> str:
+    exe = Path(sys.executable)
+    with contextlib.suppress(ValueError):  # outside the cwd: print it whole
+        exe = exe.relative_to(Path.cwd())
+    return shlex.join([str(exe), "-m", "benchmarks_perf", "scale", *argv])
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks_perf scale")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--only", choices=sorted(OPS), action="append", help="some operations")
+    parser.add_argument("--factors", help="the sizes, as multiples of 1x (default 1,4,16)")
+    parser.add_argument(
+        "--size", type=float, default=1.0, help="1x as this fraction of the full run's 1x"
+    )
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run verify and fsck with the spill bound lifted (all in memory)",
+    )
+    parser.add_argument("--child", nargs=2, metavar=("OP", "SPEC"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return run_child(*args.child)
+    sizes = QUICK if args.quick else FULL
+    if args.size != 1.0:
+        sizes = Sizes(
+            atoms_per_arm=max(1, round(sizes.atoms_per_arm * args.size)),
+            score_jobs=max(1, round(sizes.score_jobs * args.size)),
+            rows_per_job=sizes.rows_per_job,
+            patients=max(1, round(sizes.patients * args.size)),
+        )
+    factors = [
+        int(f) for f in (args.factors or (QUICK_FACTORS if args.quick else "1,4,16")).split(",")
+    ]
+    only = set(args.only or OPS)
+    print(f"$ {_command(argv)}")
+    print(
+        f"machine: nproc={os.cpu_count()}, load {os.getloadavg()[0]:.2f}, python "
+        f"{platform.python_version()}, lmdb {lmdb.version()}, {platform.platform()}"
+    )
+    bound = os.environ.get("MEDOMNI_SPILL_IDS")
+    print(f"1x: {sizes}; spill bound {bound or 'default (262,144 ids)'}", flush=True)
+    start = time.perf_counter()
+    results: dict[str, list[Measure]] = {}
+    for op in OPS:
+        if op in only:
+            results[op] = []
+            if args.baseline and op in ("verify", "fsck"):
+                results[f"{op}, in memory"] = []
+    with tempfile.TemporaryDirectory(prefix="medomni-scale-", dir="/tmp") as d:
+        tmp = Path(d)
+        if "build" in only:
+            from examples import synth
+
+            data = tmp / "data-root"
+            synth.generate(data / "data", patients=sizes.patients * max(factors) * 6 // 5, seed=0)
+        for f in factors:
+            if "build" in only:
+                results["build"].append(build_op(tmp, data, sizes, f))
+            if only & {"resume", "verify", "fsck", "push", "pull", "gc"}:
+                for op, m in runs_ops(tmp, sizes, f, only, args.baseline).items():
+                    results[op].append(m)
+            if "score" in only:
+                results["score"].append(score_op(tmp, sizes, f))
+    print(render(results, factors))
+    took = time.perf_counter() - start
+    print(f"load at the end {os.getloadavg()[0]:.2f}; total time: {took:.0f} s")
+    return 0

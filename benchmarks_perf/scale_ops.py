@@ -1,0 +1,178 @@
+"""The operations of ``python -m benchmarks_perf scale``, each run alone in a fresh process.
+
+``python -m benchmarks_perf scale --child OP SPEC`` runs one operation on stores the
+parent made (`SPEC`, a JSON file, says where they are and what to check) and prints one
+JSON line: the operation's seconds (opening the store and reading the spec not counted),
+its peak RSS (``VmHWM``: the process's high-water mark, anonymous and mapped pages)
+and what it did (objects, rows, slots), which the parent checks against what it built.
+
+A process of its own per operation so that one operation's memory does not hide another's
+(a high-water mark only grows), and so that nothing is warm but the page cache.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import medomni_cas as mc
+from medomni_cas.store.backends.lmdb import LMDBBackend
+from medomni_cas.store.ids import ObjectId
+
+__all__ = ["OPS", "run_child"]
+
+Spec = dict[str, Any]
+
+
+def _open(path: str) -> mc.Store:
+    return mc.Store(LMDBBackend(Path(path), durable=False))
+
+
+def _build(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.studio.build import build_pair
+
+    store = mc.open(f"lmdb://{spec['store']}")
+
+    def op() -> dict[str, int]:
+        built = build_pair(
+            store, spec["studio"], spec["template"], spec["cohort"], data_root=spec["data"]
+        )
+        return {"renders": len(built), "patients": int(spec["patients"])}
+
+    return op
+
+
+def _resume(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.bench.harness import resume
+
+    store = _open(spec["store"])
+    agent = ObjectId.from_hex(spec["agent"])
+    jobs = [([ObjectId.from_hex(a) for a in atoms], arm, rep) for atoms, arm, rep in spec["jobs"]]
+
+    def op() -> dict[str, int]:
+        done = sum(resume(store, atoms, agent, arm, rep).done for atoms, arm, rep in jobs)
+        return {"slots": done}
+
+    return op
+
+
+def _score(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.bench.scorer import score_jobs
+
+    store = _open(spec["store"])
+    jobs = [ObjectId.from_hex(j) for j in spec["jobs"]]
+
+    def op() -> dict[str, int]:
+        scored = score_jobs(store, jobs, n_boot=0, allow_partial=True)
+        return {"rows": int(spec["rows"]), "score_rows": len(scored.record.rows)}
+
+    return op
+
+
+def _verify(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.audit.verify import verify_result
+
+    store = _open(spec["store"])
+
+    def op() -> dict[str, int]:
+        report = verify_result(store, spec["result"], jobs=1)
+        return {"objects": report.objects, "problems": len(report.problems)}
+
+    return op
+
+
+def _fsck(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.store.verify import REF_HISTORY, fsck
+
+    store = _open(spec["store"])
+
+    def op() -> dict[str, int]:
+        report = fsck(store, jobs=1)
+        history = sum(p.kind == REF_HISTORY for p in report.problems)
+        return {
+            "objects": report.objects,
+            "problems": len(report.problems) - history,
+            "history": history,
+        }
+
+    return op
+
+
+def _gc(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.store.gc import gc
+
+    store = _open(spec["store"])
+
+    def op() -> dict[str, int]:
+        report = gc(store, grace=0)
+        return {
+            "objects": report.reachable + report.swept + report.kept_young,
+            "reachable": report.reachable,
+            "swept": report.swept,
+        }
+
+    return op
+
+
+def _push(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.store.sync import push
+
+    local = _open(spec["store"])
+    remote = mc.open(f"lmdb://{spec['other']}")
+
+    def op() -> dict[str, int]:
+        report = push(local, remote, [spec["ref"]])
+        return {"objects": report.objects}
+
+    return op
+
+
+def _pull(spec: Spec) -> Callable[[], dict[str, int]]:
+    from medomni_cas.store.sync import pull
+
+    remote = _open(spec["store"])
+    local = mc.open(f"lmdb://{spec['other']}")
+
+    def op() -> dict[str, int]:
+        report = pull(local, remote, [spec["ref"]])
+        return {"objects": report.objects}
+
+    return op
+
+
+#: op name -> what opens its stores (untimed) and returns the timed call
+OPS: dict[str, Callable[[Spec], Callable[[], dict[str, int]]]] = {
+    "build": _build,
+    "resume": _resume,
+    "score": _score,
+    "verify": _verify,
+    "fsck": _fsck,
+    "gc": _gc,
+    "push": _push,
+    "pull": _pull,
+}
+
+
+def run_child(op: str, spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    if spec.get("modules"):
+        import importlib
+
+        for name in spec["modules"]:  # the kinds the stores hold
+            importlib.import_module(name)
+    call = OPS[op](spec)
+    t = time.perf_counter()
+    did = call()
+    seconds = time.perf_counter() - t
+    # VmHWM, not ru_maxrss: on Linux ru_maxrss keeps the parent's RSS at the fork (the
+    # high-water mark of the memory image that exec replaced)
+    status = Path("/proc/self/status").read_text()
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+    maxrss_kib = int(found[1]) if found else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": seconds, "maxrss_kib": maxrss_kib, **did}))
+    return 0
