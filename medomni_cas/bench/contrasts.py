@@ -52,7 +52,7 @@ from medomni_cas.bench.metrics import METRICS
 from medomni_cas.bench.paired_stats import (
     holm,
     mcnemar_exact,
-    percentile_interval,
+    percentile_intervals,
     resample_sums,
     wilcoxon,
 )
@@ -418,6 +418,14 @@ class _Stats:
     single: bool  # every paired patient has exactly one row
     columns: np.ndarray | None = None  # where its columns sit in `sums`
     sums: np.ndarray | None = None  # [n_boot, M]: resampled sums of its and others' columns
+    _total: np.ndarray | None = None
+
+    def total(self) -> np.ndarray:
+        """``[1, m]``: the column sums over the paired patients (a side in several
+        contrasts sums them once)."""
+        if self._total is None:
+            self._total = self.matrix.sum(axis=0)[None]
+        return self._total
 
 
 def _rows_of(g: _Group, patients: np.ndarray, size: int) -> np.ndarray:
@@ -672,22 +680,43 @@ def _bootstrap(tasks: list[_Task], n_boot: int, seed: int) -> None:
             s.sums = sums
 
 
+def _resampled(
+    s: _Stats, finish: Callable[[np.ndarray], np.ndarray], done: dict[int, np.ndarray]
+) -> np.ndarray:
+    """A side's metric in each resample, computed once for the contrasts it is in (its
+    finaliser is that of its target, the same in all of them)."""
+    if id(s) not in done:
+        assert s.sums is not None
+        done[id(s)] = finish(np.asarray(s.sums[:, s.columns], dtype=np.float64))
+    return done[id(s)]
+
+
 def _finish(tasks: list[_Task], n_boot: int, seed: int) -> list[ContrastRow]:
     """Bootstrap every task, test each, adjust the p-values together."""
     _bootstrap(tasks, n_boot, seed)
-    rows = []
+    values: list[tuple[float | None, float | None, float | None]] = []
+    resampled: list[np.ndarray] = []
+    where: list[int | None] = []
+    metrics: dict[int, np.ndarray] = {}
     for t in tasks:
         paired = len(t.pairing.patients) > 0
-        va = _clean(t.finish(t.a.matrix.sum(axis=0)[None])[0]) if paired else None
-        vb = _clean(t.finish(t.b.matrix.sum(axis=0)[None])[0]) if paired else None
+        va = _clean(t.finish(t.a.total())[0]) if paired else None
+        vb = _clean(t.finish(t.b.total())[0]) if paired else None
         diff = None if va is None or vb is None else _clean(va - vb)
-        lo = hi = alo = ahi = blo = bhi = None
+        values.append((va, vb, diff))
         if t.a.sums is not None and t.b.sums is not None and diff is not None:
-            ra = t.finish(np.asarray(t.a.sums[:, t.a.columns], dtype=np.float64))
-            rb = t.finish(np.asarray(t.b.sums[:, t.b.columns], dtype=np.float64))
-            lo, hi = percentile_interval(ra - rb, ALPHA)
-            alo, ahi = percentile_interval(ra, ALPHA)
-            blo, bhi = percentile_interval(rb, ALPHA)
+            ra, rb = _resampled(t.a, t.finish, metrics), _resampled(t.b, t.finish, metrics)
+            where.append(len(resampled))
+            resampled += [ra - rb, ra, rb]
+        else:
+            where.append(None)
+    # every interval in one percentile call: one a row costs more than the resampling
+    intervals = percentile_intervals(np.stack(resampled), ALPHA) if resampled else []
+    rows = []
+    for t, (va, vb, diff), w in zip(tasks, values, where, strict=True):
+        lo = hi = alo = ahi = blo = bhi = None
+        if w is not None:
+            (lo, hi), (alo, ahi), (blo, bhi) = intervals[w : w + 3]
         test, stat, p, discordant, a_better, b_better = _test(t)
         rows.append(
             ContrastRow(

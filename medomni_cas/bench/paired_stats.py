@@ -29,6 +29,7 @@ __all__ = [
     "holm",
     "mcnemar_exact",
     "percentile_interval",
+    "percentile_intervals",
     "resample_counts",
     "resample_sums",
     "wilcoxon",
@@ -54,9 +55,13 @@ def resample_counts(
     block = max(1, _BLOCK // n)
     for start in range(0, n_boot, block):
         b = min(block, n_boot - start)
-        idx = rng.integers(0, n, size=(b, n), dtype=np.uint32).astype(np.intp)
-        idx += (np.arange(b, dtype=np.intp) * n)[:, None]
-        yield np.bincount(idx.ravel(), minlength=b * n).reshape(b, n).astype(dtype)
+        idx = rng.integers(0, n, size=(b, n), dtype=np.uint32)
+        # a resample at a time: its n counts stay in the cache, and no offset indices
+        # (b * n of them) are made to count the whole block in one call
+        counts = np.empty((b, n), dtype=dtype)
+        for i in range(b):
+            counts[i] = np.bincount(idx[i], minlength=n)
+        yield counts
 
 
 def resample_sums(stats: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
@@ -81,6 +86,27 @@ def percentile_interval(
         return None, None
     lo, hi = np.percentile(finite, [50 * alpha, 100 - 50 * alpha])
     return float(lo) + 0.0, float(hi) + 0.0
+
+
+def percentile_intervals(
+    rows: np.ndarray, alpha: float = 0.05
+) -> list[tuple[float | None, float | None]]:
+    """`percentile_interval` of each row of ``rows`` (``[k, n_boot]``), the same numbers:
+    the rows that are all finite in one `numpy.percentile` along the rows (one call, not
+    one a row: a comparison has hundreds), the others one by one."""
+    k = rows.shape[0]
+    out: list[tuple[float | None, float | None]] = [(None, None)] * k
+    if not k:
+        return out
+    finite = np.isfinite(rows).all(axis=1)
+    whole = np.flatnonzero(finite)
+    if len(whole) and rows.shape[1]:
+        lo, hi = np.percentile(rows[whole], [50 * alpha, 100 - 50 * alpha], axis=1)
+        for i, a, b in zip(whole.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            out[i] = (a + 0.0, b + 0.0)
+    for i in np.flatnonzero(~finite).tolist():
+        out[i] = percentile_interval(rows[i], alpha)
+    return out
 
 
 def mcnemar_exact(a_only: int, b_only: int) -> float:
