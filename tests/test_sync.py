@@ -281,7 +281,10 @@ def test_corrupt_remote_object_is_detected_and_not_stored(
     local.refs.set("main", root)
     remote = mc.open(s3(s3_endpoint))
     sync.push(local, remote)
-    victim = next(iter(local.get(local.get(root)["groups"]).values()))  # a tree of blobs
+    tree = next(iter(local.get(local.get(root)["groups"]).values()))  # a tree of blobs
+    # one of its blobs: they are packed (a sync writes the three trees of a level together,
+    # too few to pack)
+    victim = next(iter(local.get(tree).values()))
     _flip_packed_byte(remote, victim)
 
     dest = mc.open(f"lmdb://{tmp_path}/dest")

@@ -6,7 +6,10 @@ of a billion bytes would show a billion bytes resident. `drop` tells the kernel 
 pages are not needed now (``madvise(MADV_DONTNEED)``): for a shared file mapping this
 drops the process's page table entries only; the pages stay in the page cache, and a later
 read maps them again from there, with the same bytes (a shared mapping has no private
-copy to lose). LMDB opened without ``writemap`` never writes through its map.
+copy to lose). LMDB opened without ``writemap`` never writes through its map; one opened
+with it (a temporary LMDB of `medomni_cas.store._sendplan`) writes through a shared map,
+whose dirty pages are the page cache's too: dropping them loses nothing either. A private
+writable map (copy-on-write: its pages may be the only copy) is never dropped.
 
 Linux only (the mappings are found in ``/proc/self/maps``); elsewhere a no-op.
 """
@@ -51,8 +54,10 @@ def drop(path: str | os.PathLike[str]) -> int:
         return 0
     for line in lines:
         fields = line.split(None, 5)
-        if len(fields) < 6 or fields[5].strip() != target or "w" in fields[1]:
-            continue  # a writable map may hold what only it has: never dropped
+        if len(fields) < 6 or fields[5].strip() != target:
+            continue
+        if "w" in fields[1] and "s" not in fields[1]:
+            continue  # a private writable map may hold what only it has: never dropped
         start, end = (int(x, 16) for x in fields[0].split("-"))
         if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
             advised += end - start

@@ -56,6 +56,10 @@ class Backend(ABC):
     #: ``ref_update`` is atomic against other writers (processes, machines); a backend may
     #: set it per instance when it depends on the filesystem it was opened on.
     supports_atomic_refs: bool = True
+    #: The most objects a bulk copy (`medomni_cas.store.sync`) should give one ``put_many``
+    #: (None: no limit of the backend's own): LMDB holds every page a write transaction
+    #: touches in memory until it commits, about a page per object for ids spread at random.
+    write_batch_items: int | None = None
 
     url: str = ""
 

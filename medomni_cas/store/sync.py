@@ -27,7 +27,8 @@ to its id (else `IntegrityError`, naming the id and the source, and nothing of t
 unwritten batch is stored) and be canonical (else `InvalidObject`), as
 `Store.put_raw_many` checks them. Objects are read in batches sized from the previous
 batch's mean object size (about `READ_BYTES` each) and written in batches of up to
-`WRITE_BYTES` / `WRITE_ITEMS`, one backend ``put_many`` each: one pack on a remote.
+`WRITE_BYTES` / `WRITE_ITEMS`, one backend ``put_many`` each: one pack on a remote. A
+corrupt or missing object of the source is found before anything is written.
 
 Refs. For each ref, with S its value on the source and D its value on the destination
 when the sync starts:
@@ -53,10 +54,15 @@ as ``refused`` and raises `RefPolicyRefused`. ``force=True`` overrides both the
 fast-forward rule and the policies, and the destination's history records the update as
 forced, with ``message``.
 
-Memory: the set of what the walk met spills to a temporary LMDB beyond a bound
-(`medomni_cas.store._spill`), and the pages of a local store read so far are given back
-after each write batch. Not bounded yet: the objects of a level waiting for their
-children (their bytes are held until the children are written) and each level's ids.
+Order and memory. A transfer plans, then writes (`_Sender`): the walk gives every object a
+depth below every object to be written that links it, keeping the bytes of those dst lacks
+(`medomni_cas.store._sendplan.SendPlan`: in memory, or a temporary LMDB and a spool file
+beyond a bound), and the levels are then written deepest first. Nothing is written before
+the whole closure is read and checked, and what is held is bounded: the plan and each
+level's ids spill to disk, a write batch is at most `WRITE_ITEMS` objects (fewer for a
+backend that asks, `Backend.write_batch_items`: LMDB holds a write's pages in memory until
+it commits) and `WRITE_BYTES`, and the pages of a local store read so far are given back
+as it goes.
 
 Limit: the walk costs one presence round trip per level of the DAG, so a long chain
 (each object linking only the previous one) costs one round trip per link.
@@ -76,7 +82,8 @@ from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, Not
 from medomni_cas.store import encoding
 from medomni_cas.store._crash import crash_point
 from medomni_cas.store._fast import BatchReader, mismatches
-from medomni_cas.store._spill import MarkSet
+from medomni_cas.store._sendplan import SendPlan
+from medomni_cas.store._spill import IdList, spill_bound
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.policies import RefPolicyRefused
 from medomni_cas.store.refs import check_ref_name
@@ -106,6 +113,7 @@ WRITE_BYTES = 64 << 20
 WRITE_ITEMS = 65_536
 _FIRST_READ = 64
 _MAX_READ = 65_536
+_MISSING_CHUNK = 65_536  # ids of a level asked of the destination at a time
 
 CREATED = "created"
 UPDATED = "updated"
@@ -186,10 +194,16 @@ Present = Literal["trust", "src", "dst"]
 class _Sender:
     """One transfer of closures from ``src`` to ``dst`` (see the module docstring).
 
-    An object dst lacks is written once every object it links is there: held until its
-    children that dst lacked are written (in an earlier batch). An object dst has is not
-    written, and not waited on, but its links are walked too, which finds what is missing
-    below it (a hole left by another writer) and, read at dst, a corrupt copy of it.
+    Two passes. The plan: a walk from the roots, a level at a time, asks dst which ids of
+    the level it lacks, reads and checks those from src (keeping their bytes in the
+    `SendPlan`) and reads the links of those dst has on the cheap side (`Present`). Every
+    id met gets a depth, one more than the level that met it first; a link from an object
+    dst lacks to an object met at a depth not below that object's is moved one level
+    deeper than it (and what it links is looked at again from there), so that every
+    object to be written is deeper than every object to be written that links it. Then
+    the levels are written deepest first, each level's batches flushed before the next
+    level's first: a child is in an earlier batch than its parents. What is held in
+    memory is bounded: the plan and each level spill to disk beyond a bound.
     """
 
     def __init__(
@@ -204,90 +218,136 @@ class _Sender:
         self.progress = progress
         self.present = present
         self.trusted = set(trusted)
-        self.pending: set[bytes] = set()  # missing at dst and not written yet
-        self.parents: dict[bytes, list[bytes]] = {}  # pending id -> objects waiting on it
-        self.waiting: dict[bytes, int] = {}  # id -> how many of its children are pending
-        self.held: dict[bytes, bytes] = {}  # the bytes of each waiting id
         self.buffer: list[tuple[bytes, bytes]] = []
         self.buffer_bytes = 0
         self.read_batch = _FIRST_READ
         self.checked = self.sent = self.nbytes = 0
         self.reader = BatchReader()
+        # ids per write batch: a backend whose write holds every page it touches in memory
+        # until it commits (LMDB) asks for fewer (`Backend.write_batch_items`)
+        self.write_items = min(WRITE_ITEMS, dst.backend.write_batch_items or WRITE_ITEMS)
+        self._list_bound = max(1, spill_bound() // 8)
 
     def run(self, roots: Iterable[bytes]) -> None:
-        frontier = list(dict.fromkeys(roots))
-        # what the walk met: in memory, or a temporary LMDB beyond `spill_bound` ids
-        with MarkSet() as seen:
-            seen.add(frontier)
-            self._walk(frontier, seen)
+        with SendPlan() as plan:
+            levels = self._plan(plan, list(dict.fromkeys(roots)))
+            try:
+                self._write(plan, levels)
+            finally:
+                for level in levels:
+                    level.close()
 
-    def _walk(self, frontier: list[bytes], seen: MarkSet) -> None:
-        absent = set(self._missing(frontier)) if frontier else set()
-        while frontier:
-            if self.present == "trust":
-                frontier = [k for k in frontier if k in absent]
-            elif not self.trusted.isdisjoint(frontier):
-                frontier = [k for k in frontier if k in absent or k not in self.trusted]
-            candidates: list[bytes] = []
-            interior: list[tuple[bytes, bytes, list[bytes]]] = []
-            for key, data, links in self._level(frontier, absent):
-                if data is None:  # dst has it: only its links matter
-                    candidates += seen.unseen(links)
-                    continue
-                if not links:
-                    self._ready(key, data)
-                    continue
-                candidates += seen.unseen(links)
-                interior.append((key, data, links))
-            absent = set(self._missing(candidates)) if candidates else set()
-            for key, data, links in interior:
-                n = 0
-                for link in links:
-                    if link in self.pending:
-                        self.parents.setdefault(link, []).append(key)
-                        n += 1
-                if n:
-                    self.waiting[key] = n
-                    self.held[key] = data
-                else:
-                    self._ready(key, data)
-            frontier = candidates
-        while self.buffer:
-            self._flush()
-        if self.waiting:  # cannot happen: every pending child is read and written
-            left = next(iter(self.waiting))
-            raise RuntimeError(f"sync to {self.dst.url}: {left.hex()} still waits on children")
+    def _idlist(self, ids: Iterable[bytes] = ()) -> IdList:
+        return IdList(ids, bound=self._list_bound)
+
+    # -- the plan ----------------------------------------------------------------------------
+    def _plan(self, plan: SendPlan, roots: list[bytes]) -> list[IdList]:
+        """Walk the closures of ``roots``; per depth, the ids dst lacks that may be written
+        at that depth (`_write` keeps those whose depth it still is)."""
+        new, _ = plan.meet(roots, 0, deepen=False)
+        fresh, again = self._idlist(new), self._idlist()
+        levels: list[IdList] = []
+        depth = 0
+        try:
+            while fresh or again:
+                writes = self._idlist()
+                levels.append(writes)
+                nxt, deeper = self._idlist(), self._idlist()
+                for part in fresh.batches(_MISSING_CHUNK):
+                    self._fresh(plan, part, depth, writes, nxt, deeper)
+                for part in again.batches(_MAX_READ):
+                    self._deepened(plan, part, depth, writes, nxt, deeper)
+                fresh.close()
+                again.close()
+                fresh, again = nxt, deeper
+                depth += 1
+        except BaseException:
+            for level in levels:
+                level.close()
+            raise
+        finally:
+            fresh.close()
+            again.close()
+        return levels
+
+    def _fresh(
+        self,
+        plan: SendPlan,
+        part: list[bytes],
+        depth: int,
+        writes: IdList,
+        nxt: IdList,
+        deeper: IdList,
+    ) -> None:
+        """Ids met for the first time at ``depth``: asked of dst, read, planned."""
+        absent = set(self._missing(part))
+        if self.present == "trust":
+            part = [k for k in part if k in absent]
+        elif not self.trusted.isdisjoint(part):
+            part = [k for k in part if k in absent or k not in self.trusted]
+        for keys, datas, links in self._level(part, absent):
+            if not keys:  # dst has them: only their links matter
+                new, _ = plan.meet(links, depth + 1, deepen=False)
+                nxt.extend(new)
+                continue
+            plan.hold(list(zip(keys, datas, strict=True)))
+            writes.extend(keys)
+            new, moved = plan.meet(links, depth + 1, deepen=True)
+            nxt.extend(new)
+            deeper.extend(moved)
+
+    def _deepened(
+        self,
+        plan: SendPlan,
+        part: list[bytes],
+        depth: int,
+        writes: IdList,
+        nxt: IdList,
+        deeper: IdList,
+    ) -> None:
+        """Ids moved to ``depth`` (met before, higher up): those to be written are planned
+        here, and what they link moved below them."""
+        keys = [
+            k for k, (d, held) in zip(part, plan.lookup(part), strict=True) if held and d == depth
+        ]
+        if not keys:
+            return
+        writes.extend(keys)
+        ids, _, errors = self.reader.links(plan.held(keys), owners=False)
+        if errors:  # cannot happen: they were checked when read
+            j, e = next(iter(errors.items()))
+            raise InvalidObject(f"object {bytes(keys[j]).hex()} in {self.src.url}: {e}")
+        new, moved = plan.meet(ids, depth + 1, deepen=True)
+        nxt.extend(new)
+        deeper.extend(moved)
 
     def _level(
         self, frontier: list[bytes], absent: set[bytes]
-    ) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
-        """``(key, bytes, links)`` of each key of a level that dst lacks, read from the
-        source and checked; ``(b"", None, links)`` for a batch of those dst has, their
-        links read on the cheap side (`Present`). A copy found corrupt or gone at dst is read from
-        the source as one it lacks (and becomes pending)."""
+    ) -> Iterator[tuple[list[bytes], list[bytes], list[bytes]]]:
+        """``(keys, bytes, links)`` of batches of the keys of a level that dst lacks, read
+        from the source and checked; ``([], [], links)`` for a batch of those dst has, their
+        links read on the cheap side (`Present`). A copy found corrupt or gone at dst is
+        read from the source as one it lacks."""
         lacking = [k for k in frontier if k in absent]
         have = [k for k in frontier if k not in absent]
         store = self.dst if self.present == "dst" else self.src
         for i in range(0, len(have), _MAX_READ):
             again = yield from self._links(store, have[i : i + _MAX_READ])
-            if again:
-                self.pending.update(again)
-                lacking += again
+            lacking += again
         i = 0
         while i < len(lacking):
             part = lacking[i : i + self.read_batch]
             i += len(part)
-            size = 0
-            for key, data, links in self._read(part):
-                size += len(data)
-                yield key, data, links
-            mean = max(size // len(part), 1)
+            datas, links = self._read(part)
+            self._drop_pages()
+            yield part, datas, links
+            mean = max(sum(map(len, datas)) // len(part), 1)
             self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
 
     def _links(
         self, store: Store, keys: list[bytes]
-    ) -> Generator[tuple[bytes, None, list[bytes]], None, list[bytes]]:
-        """``(b"", None, links)``: the links of the copies of ``keys`` in ``store``, re-hashed,
+    ) -> Generator[tuple[list[bytes], list[bytes], list[bytes]], None, list[bytes]]:
+        """``([], [], links)``: the links of the copies of ``keys`` in ``store``, re-hashed,
         in one list; returns the keys whose copy is corrupt or gone (at dst: sent again; at
         src: an error)."""
         got = store.backend.get_list(keys)
@@ -306,20 +366,20 @@ class _Sender:
         if errors:
             j, e = next(iter(errors.items()))
             raise InvalidObject(f"object {bytes(keys[j]).hex()} in {store.url}: {e}")
-        yield b"", None, ids  # the links of the whole batch at once: only they matter
+        self._drop_pages()
+        yield [], [], ids  # the links of the whole batch at once: only they matter
         return bad
 
     def _missing(self, keys: list[bytes]) -> list[bytes]:
         missing = self.dst.backend.missing(keys)
         self.checked += len(keys)
-        self.pending.update(missing)
         self._tick()
         return missing
 
-    def _read(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes, list[bytes]]]:
-        """``(key, bytes, links)`` of each key, checked (hashed, canonical): a batch at a time
-        in a few C-level passes (`BatchReader.check`), each problem raised when its object's
-        turn comes."""
+    def _read(self, keys: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+        """The bytes of ``keys`` and the links of all of them, checked (hashed, canonical):
+        a batch at a time in a few C-level passes (`BatchReader.check`); the first problem,
+        in the order of ``keys``, raised."""
         got = self.src.backend.get_list(keys)
         if None in got:  # not truthiness: b"" is an object
             key = keys[next(i for i, data in enumerate(got) if data is None)]
@@ -328,6 +388,8 @@ class _Sender:
         corrupt = set(mismatches(keys, datas))
         ids, owners, unsure = self.reader.check(datas)
         doubtful = set(unsure)
+        if not corrupt and not doubtful:
+            return datas, ids
         links: list[list[bytes]] = [[] for _ in keys]
         for link, owner in zip(ids, owners, strict=True):
             links[owner].append(link)
@@ -337,7 +399,7 @@ class _Sender:
                 raise IntegrityError(bytes(key).hex(), got_hex, self.src.url)
             if j in doubtful:
                 links[j] = list(self._check(key, data))
-            yield key, data, list(dict.fromkeys(links[j]))
+        return datas, [link for each in links for link in each]
 
     def _check(self, key: bytes, data: bytes) -> list[ObjectId]:
         """The full check of one object: `encoding.validate_canonical`, then its links."""
@@ -347,38 +409,41 @@ class _Sender:
         except InvalidObject as e:
             raise InvalidObject(f"object {bytes(key).hex()} in {self.src.url}: {e}") from None
 
-    def _ready(self, key: bytes, data: bytes) -> None:
-        self.buffer.append((key, data))
-        self.buffer_bytes += len(data)
-        while len(self.buffer) >= WRITE_ITEMS or self.buffer_bytes >= WRITE_BYTES:
-            self._flush()
+    # -- the writes --------------------------------------------------------------------------
+    def _write(self, plan: SendPlan, levels: list[IdList]) -> None:
+        """Write the plan deepest level first; a level's batches all before the next's."""
+        for depth in reversed(range(len(levels))):
+            for part in levels[depth].batches(self.write_items):
+                keys = [
+                    k
+                    for k, (d, held) in zip(part, plan.lookup(part), strict=True)
+                    if held and d == depth
+                ]
+                for key, data in zip(keys, plan.held(keys), strict=True):
+                    self.buffer.append((key, data))
+                    self.buffer_bytes += len(data)
+                    if len(self.buffer) >= self.write_items or self.buffer_bytes >= WRITE_BYTES:
+                        self._flush()
+            self._flush()  # the level is written: its parents may come
 
     def _flush(self) -> None:
-        """Write the buffer; then the objects waiting only on it become ready (next batch)."""
+        """Write the buffer (one backend ``put_many``)."""
         batch, self.buffer = self.buffer, []
         self.buffer_bytes = 0
         if not batch:
             return
         self.dst.backend.put_many(batch)
         crash_point("write")
+        self._drop_pages()
+        self.sent += len(batch)
+        self.nbytes += sum(len(data) for _, data in batch)
+        self._tick()
+
+    def _drop_pages(self) -> None:
         for store in (self.src, self.dst):
             drop = getattr(store.backend, "drop_pages", None)
             if drop is not None:
                 drop()  # the pages of a local store read so far, given back (still cached)
-        self.sent += len(batch)
-        for key, data in batch:
-            self.nbytes += len(data)
-            self.pending.discard(key)
-            for parent in self.parents.pop(key, ()):
-                left = self.waiting[parent] - 1
-                if left:
-                    self.waiting[parent] = left
-                else:
-                    del self.waiting[parent]
-                    data_p = self.held.pop(parent)
-                    self.buffer.append((parent, data_p))
-                    self.buffer_bytes += len(data_p)
-        self._tick()
 
     def _tick(self) -> None:
         if self.progress:
