@@ -383,7 +383,7 @@ def main(argv: Sequence[str]) -> int:
         f"{platform.python_version()}, lmdb {lmdb.version()}, {platform.platform()}"
     )
     bound = os.environ.get("MEDOMNI_SPILL_IDS")
-    print(f"1x: {sizes}; spill bound {bound or 'default (262,144 ids)'}", flush=True)
+    print(f"1x: {sizes}; spill bound {bound or 'default (131,072 ids)'}", flush=True)
     start = time.perf_counter()
     results: dict[str, list[Measure]] = {}
     for op in OPS:

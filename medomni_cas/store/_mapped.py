@@ -11,6 +11,14 @@ with it (a temporary LMDB of `medomni_cas.store._sendplan`) writes through a sha
 whose dirty pages are the page cache's too: dropping them loses nothing either. A private
 writable map (copy-on-write: its pages may be the only copy) is never dropped.
 
+Budget
+    Dropping has a price: a page read again after a drop is mapped again (a page fault,
+    which maps its neighbours with it), so dropping after every batch makes every read a
+    fault. `note` drops only when the process's mapped file pages have grown by more than
+    `budget` bytes (``MEDOMNI_MAPPED_BYTES``, default 32 MiB) since the last drop, and then
+    every file `watch`ed: a store smaller than that is never dropped, a larger one shows at
+    most about that much of itself.
+
 Linux only (the mappings are found in ``/proc/self/maps``); elsewhere a no-op.
 """
 
@@ -19,11 +27,20 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["drop"]
+__all__ = ["budget", "drop", "each", "note", "unwatch", "watch"]
 
 _MADV_DONTNEED = 4
+_ENV = "MEDOMNI_MAPPED_BYTES"
+_DEFAULT_BUDGET = 32 << 20
+_CHECK_EVERY = 256  # reads between two looks at the mapped pages (each may map 64 KiB)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_watched: dict[str, int] = {}  # real path -> how many holders watch it
+_since = 0  # reads noted since the last look
+_base: int | None = None  # the mapped file pages after the last drop (bytes)
+_statm: int | None = None
 _libc: ctypes.CDLL | None = None
 _unavailable = not Path("/proc/self/maps").exists()
 
@@ -62,3 +79,68 @@ def drop(path: str | os.PathLike[str]) -> int:
         if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
             advised += end - start
     return advised
+
+
+def budget() -> int:
+    """Bytes of mapped file pages a process may gain before `note` drops them."""
+    raw = os.environ.get(_ENV, "")
+    try:
+        return max(0, int(raw)) if raw else _DEFAULT_BUDGET
+    except ValueError:
+        raise ValueError(f"{_ENV} must be a number of bytes, not {raw!r}") from None
+
+
+def watch(path: str | os.PathLike[str]) -> None:
+    """Have `note` drop the pages of the file at ``path`` too (until `unwatch`)."""
+    key = os.path.realpath(path)
+    _watched[key] = _watched.get(key, 0) + 1
+
+
+def unwatch(path: str | os.PathLike[str]) -> None:
+    key = os.path.realpath(path)
+    left = _watched.get(key, 0) - 1
+    if left > 0:
+        _watched[key] = left
+    else:
+        _watched.pop(key, None)
+
+
+def _mapped_now() -> int | None:
+    """The process's resident shared pages (file-backed and shmem), in bytes."""
+    global _statm
+    try:
+        if _statm is None:
+            _statm = os.open("/proc/self/statm", os.O_RDONLY)
+        return int(os.pread(_statm, 256, 0).split()[2]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def note(reads: int) -> None:
+    """``reads`` reads of watched files were made: drop their pages when the mapped pages
+    have grown past the `budget` since the last drop (see the module docstring)."""
+    global _since, _base
+    _since += reads
+    if _since < _CHECK_EVERY or _unavailable or not _watched:
+        return
+    _since = 0
+    now = _mapped_now()
+    if now is None:
+        return
+    if _base is None or now < _base:
+        _base = now
+    if now - _base > budget():
+        for path in list(_watched):
+            drop(path)
+        _base = _mapped_now()
+
+
+def each[K, T](fn: Callable[[K], T], keys: Sequence[K]) -> list[T]:
+    """``fn`` of each of ``keys`` (reads of a watched file), in order: a C-level pass per
+    part of `_CHECK_EVERY` keys, `note`d after each (a part maps at most a few MiB)."""
+    out: list[T] = []
+    for i in range(0, len(keys), _CHECK_EVERY):
+        part = keys[i : i + _CHECK_EVERY]
+        out += map(fn, part)
+        note(len(part))
+    return out

@@ -40,7 +40,6 @@ _VALUE = struct.Struct("<IQI")  # depth, offset of the bytes in the spool, their
 _NONE = (1 << 64) - 1  # the offset of an object whose bytes are not held
 _MAP_SIZE = 1 << 40  # address space only
 _COMMIT_EVERY = 1 << 14  # ids changed per write transaction (its dirty list is bounded)
-_DROP_EVERY = 1 << 16  # ids asked between two drops of the mapped pages
 
 
 def _unpacked(value: bytes | memoryview | None) -> tuple[int, int, int]:
@@ -63,7 +62,6 @@ class SendPlan:
         self._env: lmdb.Environment | None = None
         self._spool: BinaryIO | None = None
         self._end = 0  # the spool's length
-        self._since_drop = 0
 
     def __enter__(self) -> SendPlan:
         return self
@@ -99,7 +97,9 @@ class SendPlan:
         for i in range(0, len(fresh), _COMMIT_EVERY):
             with self._writing() as txn:
                 get, put = txn.get, txn.put
-                for key in fresh[i : i + _COMMIT_EVERY]:
+                for n, key in enumerate(fresh[i : i + _COMMIT_EVERY], 1):
+                    if n % 256 == 0:
+                        _mapped.note(256)
                     value = get(key)
                     if value is None:
                         put(key, pack(depth, _NONE, 0))
@@ -109,7 +109,6 @@ class SendPlan:
                         if was < depth:
                             put(key, pack(depth, offset, length))
                             deeper.append(key)
-        self._dropped(len(fresh))
         return new, deeper
 
     def lookup(self, ids: list[bytes]) -> list[tuple[int, bool]]:
@@ -119,8 +118,7 @@ class SendPlan:
             return [(self._depth[k], k in held) for k in ids]
         assert self._env is not None
         with self._env.begin(buffers=True) as txn:
-            values = list(map(txn.get, ids))
-        self._dropped(len(ids))
+            values = _mapped.each(txn.get, ids)
         out = []
         for value in values:
             depth, offset, _ = _unpacked(value)
@@ -153,7 +151,7 @@ class SendPlan:
                     if offset == _NONE:
                         txn.put(key, pack(depth, start, len(data)))
                     start += len(data)
-        self._dropped(len(items))
+                _mapped.note(len(items[i : i + _COMMIT_EVERY]))
 
     def held(self, ids: list[bytes]) -> list[bytes]:
         """The bytes of ``ids`` (all held), in order."""
@@ -161,8 +159,7 @@ class SendPlan:
             return list(map(self._held.__getitem__, ids))
         assert self._env is not None and self._spool is not None
         with self._env.begin(buffers=True) as txn:
-            places = [_unpacked(txn.get(k))[1:] for k in ids]
-        self._dropped(len(ids))
+            places = [_unpacked(v)[1:] for v in _mapped.each(txn.get, ids)]
         self._spool.flush()
         fd = self._spool.fileno()
         out: list[bytes] = [b""] * len(ids)
@@ -181,7 +178,7 @@ class SendPlan:
         assert self._depth is not None
         self._dir = Path(tempfile.mkdtemp(prefix="medomni-plan-"))
         # writemap: the pages a write transaction dirties are the file's own, in the page
-        # cache (given back with the rest, `_dropped`), not a private copy per transaction
+        # cache (given back past a budget, `_mapped.note`), not a private copy per transaction
         self._env = lmdb.open(
             str(self._dir),
             map_size=_MAP_SIZE,
@@ -194,6 +191,7 @@ class SendPlan:
             meminit=False,
             max_dbs=0,
         )
+        _mapped.watch(self._dir / "data.mdb")
         self._spool = open(self._dir / "spool", "w+b")  # noqa: SIM115 (closed by close)
         depths, held = self._depth, self._held
         self._depth, self._held, self._nbytes = None, {}, 0
@@ -218,12 +216,6 @@ class SendPlan:
             chunks = []
         self._end = start
 
-    def _dropped(self, n: int) -> None:
-        self._since_drop += n
-        if self._since_drop >= _DROP_EVERY and self._dir is not None:
-            self._since_drop = 0
-            _mapped.drop(self._dir / "data.mdb")
-
     def close(self) -> None:
         self._depth, self._held = {}, {}
         if self._spool is not None:
@@ -233,5 +225,6 @@ class SendPlan:
             self._env.close()
             self._env = None
         if self._dir is not None:
+            _mapped.unwatch(self._dir / "data.mdb")
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None

@@ -2,7 +2,7 @@
 
 A walk over a store of 100M objects would otherwise hold every id it met (about 100 B
 each in a Python set) and whole levels of the DAG as lists. Here both stay in memory up
-to a bound (`spill_bound`: ``MEDOMNI_SPILL_IDS``, default 262,144 ids), below which they
+to a bound (`spill_bound`: ``MEDOMNI_SPILL_IDS``, default 131,072 ids), below which they
 are the plain set and list they were, at the same speed; past it they move to a
 temporary directory (``TMPDIR``), removed when they are closed:
 
@@ -16,7 +16,9 @@ temporary directory (``TMPDIR``), removed when they are closed:
 
 Neither changes an answer: the same ids come out in the same order either way (the tests
 force a tiny bound and compare). What the kernel maps of a temporary LMDB is given back
-as it goes (`medomni_cas.store._mapped.drop`), so its pages do not pile up in the RSS.
+past a budget (`medomni_cas.store._mapped.note`), so its pages do not pile up in the RSS;
+it is opened with ``writemap``, so a write transaction's pages are the file's (page
+cache), not private memory held until it commits.
 """
 
 from __future__ import annotations
@@ -38,15 +40,14 @@ from medomni_cas.store.ids import ID_SIZE
 
 __all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "spill_bound"]
 
-#: Ids held in memory by one set or list before it spills (about 25 MB as a set).
-DEFAULT_BOUND = 1 << 18
+#: Ids held in memory by one set or list before it spills (about 13 MB as a set).
+DEFAULT_BOUND = 1 << 17
 _ENV = "MEDOMNI_SPILL_IDS"
 _FIRST_BYTE = operator.itemgetter(0)
 _MAP_SIZE = 1 << 40  # address space only: the file grows as ids are added
 _MARK = b"1"  # the value of each id's key (any; not empty, so that a get's answer is truthy)
-_COMMIT_EVERY = 1 << 16  # ids added per write transaction of a spilled set (its dirty
-# pages are held in memory until it commits: about the size of these ids' leaf pages)
-_DROP_EVERY = 1 << 16  # ids asked between two drops of the mapped pages
+_COMMIT_EVERY = 1 << 14  # ids added per write transaction of a spilled set (its dirty
+# list is bounded; with writemap its pages are the file's, in the page cache)
 
 
 def spill_bound() -> int:
@@ -71,7 +72,6 @@ class MarkSet:
         self._dir: Path | None = None
         self._env: lmdb.Environment | None = None
         self._n = 0
-        self._since_drop = 0
         self._txn: lmdb.Transaction | None = None
         self._pending = 0  # ids added in the open write transaction
 
@@ -108,7 +108,7 @@ class MarkSet:
         # two C-level passes, not a Python call per id: which are there, then the new
         # ones added in key order (an append-like walk of the tree's pages)
         txn = self._writing()
-        got = list(map(txn.get, fresh))
+        got = _mapped.each(txn.get, fresh)
         new = list(compress(fresh, map(operator.is_, got, repeat(None))))
         if new:
             txn.cursor().putmulti(zip(sorted(new), repeat(_MARK)), dupdata=False)
@@ -116,7 +116,7 @@ class MarkSet:
             if self._pending >= _COMMIT_EVERY:
                 self._commit()
         self._n += len(new)
-        self._dropped(len(fresh))
+        self._dropped(len(new))
         return new
 
     def add(self, ids: Iterable[bytes]) -> None:
@@ -127,8 +127,7 @@ class MarkSet:
         if self._mem is not None:
             return list(filterfalse(self._mem.__contains__, keys))
         assert self._env is not None
-        got = list(map(self._writing().get, keys))
-        self._dropped(len(keys))
+        got = _mapped.each(self._writing().get, keys)
         return list(compress(keys, map(operator.is_, got, repeat(None))))
 
     def _spill(self) -> None:
@@ -142,9 +141,13 @@ class MarkSet:
             metasync=False,
             lock=False,
             readahead=False,
+            # the pages a write transaction dirties are the file's own (page cache, given
+            # back past a budget with the rest), not a private copy held until it commits
+            writemap=True,
             meminit=False,
             max_dbs=0,
         )
+        _mapped.watch(self._dir / "data.mdb")
         keys = sorted(self._mem)  # appended in key order: dense pages, fast
         with self._env.begin(write=True) as txn:
             txn.cursor().putmulti(zip(keys, repeat(_MARK)), append=True)
@@ -166,10 +169,7 @@ class MarkSet:
         self._pending = 0
 
     def _dropped(self, n: int) -> None:
-        self._since_drop += n
-        if self._since_drop >= _DROP_EVERY and self._dir is not None:
-            self._since_drop = 0
-            _mapped.drop(self._dir / "data.mdb")
+        _mapped.note(n)
 
     def close(self) -> None:
         self._mem = set()
@@ -180,6 +180,7 @@ class MarkSet:
             self._env.close()
             self._env = None
         if self._dir is not None:
+            _mapped.unwatch(self._dir / "data.mdb")
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 

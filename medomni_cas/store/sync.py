@@ -61,8 +61,8 @@ beyond a bound), and the levels are then written deepest first. Nothing is writt
 the whole closure is read and checked, and what is held is bounded: the plan and each
 level's ids spill to disk, a write batch is at most `WRITE_ITEMS` objects (fewer for a
 backend that asks, `Backend.write_batch_items`: LMDB holds a write's pages in memory until
-it commits) and `WRITE_BYTES`, and the pages of a local store read so far are given back
-as it goes.
+it commits) and `WRITE_BYTES`, and the pages of a local store read are given back past a
+budget (`medomni_cas.store._mapped.note`).
 
 Limit: the walk costs one presence round trip per level of the DAG, so a long chain
 (each object linking only the previous one) costs one round trip per link.
@@ -106,14 +106,14 @@ __all__ = [
 ]
 
 #: A read batch asks for about this many bytes (judged from the previous batch).
-READ_BYTES = 64 << 20
+READ_BYTES = 16 << 20
 #: A write batch holds at most this many bytes…
 WRITE_BYTES = 64 << 20
 #: …and this many objects.
 WRITE_ITEMS = 65_536
 _FIRST_READ = 64
-_MAX_READ = 65_536
-_MISSING_CHUNK = 65_536  # ids of a level asked of the destination at a time
+_MAX_READ = 16_384  # objects per read batch: what a batch holds (bytes, links) is bounded
+_MISSING_CHUNK = 32_768  # ids of a level asked of the destination at a time
 
 CREATED = "created"
 UPDATED = "updated"
@@ -339,7 +339,6 @@ class _Sender:
             part = lacking[i : i + self.read_batch]
             i += len(part)
             datas, links = self._read(part)
-            self._drop_pages()
             yield part, datas, links
             mean = max(sum(map(len, datas)) // len(part), 1)
             self.read_batch = max(_FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean))
@@ -366,7 +365,6 @@ class _Sender:
         if errors:
             j, e = next(iter(errors.items()))
             raise InvalidObject(f"object {bytes(keys[j]).hex()} in {store.url}: {e}")
-        self._drop_pages()
         yield [], [], ids  # the links of the whole batch at once: only they matter
         return bad
 
@@ -434,16 +432,9 @@ class _Sender:
             return
         self.dst.backend.put_many(batch)
         crash_point("write")
-        self._drop_pages()
         self.sent += len(batch)
         self.nbytes += sum(len(data) for _, data in batch)
         self._tick()
-
-    def _drop_pages(self) -> None:
-        for store in (self.src, self.dst):
-            drop = getattr(store.backend, "drop_pages", None)
-            if drop is not None:
-                drop()  # the pages of a local store read so far, given back (still cached)
 
     def _tick(self) -> None:
         if self.progress:

@@ -28,7 +28,7 @@ Memory
     a temporary directory beyond it (`medomni_cas.store._spill`: a temporary LMDB and
     run files, removed with the walk), with the same answers in the same order; fsck
     lists refs, histories and stored keys as it goes, a chunk at a time, and the pages of
-    the store the walk has read are given back as it goes (`medomni_cas.store._mapped`).
+    the store the walk has read are given back past a budget (`medomni_cas.store._mapped`).
     So a check of 100M objects holds about what one of a few hundred thousand holds.
     Not bounded: a walk that keeps every object's first linker (``parents=True``, run
     only when something is wrong, to name paths), and the problems found.

@@ -52,7 +52,6 @@ BATCH = 4096
 MIN_LEVEL = 4 * BATCH
 _MAX_JOBS = 4  # beyond this the walk itself (new links, reports) is the bottleneck
 _IN_FLIGHT = 3  # batches a helper holds: it never idles while this process checks one
-_DROP_EVERY = 1  # batches checked between two drops of the store's mapped pages
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 30
 _COMMAND = ("-m", "medomni_cas.store._fast.pool")  # run by this interpreter
@@ -281,7 +280,8 @@ class CheckPool:
             batches = _Lazy(keys)
         if not owners and (count or 0) >= MIN_LEVEL:
             self._start()
-        drop = getattr(self.backend, "drop_pages", None)
+        # the pages read are given back past a budget by the backend's reads
+        # (`medomni_cas.store._mapped.note`), not after every batch (each read a fault)
         while True:
             for h in list(self._helpers):
                 try:
@@ -294,8 +294,6 @@ class CheckPool:
                 batch = batches.popleft()
                 yield self.checker(batch, self.backend.get_list(batch), owners=owners)
                 self._checked += 1
-                if drop is not None and self._checked % _DROP_EVERY == 0:
-                    drop()  # the pages read so far, given back (they stay cached)
             elif any(h.held for h in self._helpers):
                 self._wait(batches)
             else:
@@ -390,7 +388,6 @@ def _serve(inp: int, out: int) -> int:
     check = BatchChecker(hello.canonical, hello.exact)
     send(msgspec.msgpack.encode(Ready()))
     served = 0
-    drop = getattr(backend, "drop_pages", None)
     try:
         while True:
             try:
@@ -400,8 +397,6 @@ def _serve(inp: int, out: int) -> int:
             keys = [body[i : i + ID_SIZE] for i in range(0, len(body), ID_SIZE)]
             found = check(keys, backend.get_list(keys))
             served += 1
-            if drop is not None and served % _DROP_EVERY == 0:
-                drop()
             found.links = list(set(found.links))  # the walk needs each link once
             send(encode(found))
     finally:

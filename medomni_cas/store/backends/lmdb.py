@@ -55,6 +55,7 @@ FRESHEN_AFTER_MS = int(FRESHEN_AFTER * 1000)
 _INITIAL_MAP = 1 << 30
 #: Keys a listing reads per read transaction (`LMDBBackend._listing`).
 _LIST_CHUNK = 16_384
+_NOTE_EVERY = 256  # keys read by get_list between two looks at the mapped pages
 T = TypeVar("T")
 
 
@@ -94,6 +95,8 @@ class LMDBBackend(Backend):
         self._refs = self._shared.refs
         self._reflog = self._shared.reflog
         self._closed = False
+        # its pages read are given back past a budget (`medomni_cas.store._mapped.note`)
+        _mapped.watch(self.path / "data.mdb")
 
     @classmethod
     def from_url(cls, url: str) -> LMDBBackend:
@@ -159,6 +162,7 @@ class LMDBBackend(Backend):
     def _read(
         self, db: lmdb._Database | None = None, *, buffers: bool = True
     ) -> lmdb.Transaction[memoryview] | lmdb.Transaction[bytes]:
+        _mapped.note(1)  # a read: its pages given back past a budget
         for _ in range(64):
             try:
                 if buffers:
@@ -215,11 +219,17 @@ class LMDBBackend(Backend):
 
     def get_list(self, keys: Sequence[bytes]) -> list[bytes | None]:
         # docstring inherited
+        if len(keys) > _NOTE_EVERY:  # the mapped pages looked at between parts
+            out: list[bytes | None] = []
+            for i in range(0, len(keys), _NOTE_EVERY):
+                out += self.get_list(keys[i : i + _NOTE_EVERY])
+            return out
         # one C-level pass per step (get, flag check, header cut) instead of a Python loop
         # per key: a walk's reads cost about what raw txn.get costs
         with self._read(self._objects, buffers=False) as txn:
             get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
             values = list(map(get, keys))
+        _mapped.note(len(keys))
         if None not in values:
             found = cast("list[bytes]", values)
             flags = bytes(map(_FIRST, found))
@@ -292,10 +302,15 @@ class LMDBBackend(Backend):
 
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         # docstring inherited
-        with self._read() as txn:
-            get = txn.get
-            db = self._objects
-            return [k for k in keys if get(k, db=db) is None]
+        keys = list(keys)
+        out: list[bytes] = []
+        for i in range(0, len(keys), _NOTE_EVERY):
+            with self._read() as txn:
+                get = txn.get
+                db = self._objects
+                out += [k for k in keys[i : i + _NOTE_EVERY] if get(k, db=db) is None]
+            _mapped.note(_NOTE_EVERY)
+        return out
 
     # Listings are materialised so that no read transaction stays open while the caller
     # writes (gc deletes while it walks).
@@ -332,17 +347,22 @@ class LMDBBackend(Backend):
                     return
                 if after is not None and bytes(cur.key()) == after and not cur.next():
                     return
+                # the mapped pages looked at every `_NOTE_EVERY` keys: the leaves of keys
+                # in order lie anywhere in the file, each mapped with its neighbours
                 if values:
                     for key, value in cur.iternext(keys=True, values=True):
                         chunk.append((bytes(key), bytes(value)))
-                        if len(chunk) >= _LIST_CHUNK:
-                            break
+                        if len(chunk) % _NOTE_EVERY == 0:
+                            _mapped.note(_NOTE_EVERY)
+                            if len(chunk) >= _LIST_CHUNK:
+                                break
                 else:
                     for key in cur.iternext(keys=True, values=False):
                         chunk.append((bytes(key), b""))
-                        if len(chunk) >= _LIST_CHUNK:
-                            break
-            self.drop_pages()  # what the listing mapped, given back as it goes
+                        if len(chunk) % _NOTE_EVERY == 0:
+                            _mapped.note(_NOTE_EVERY)
+                            if len(chunk) >= _LIST_CHUNK:
+                                break
             if not chunk:
                 return
             yield chunk
@@ -511,3 +531,4 @@ class LMDBBackend(Backend):
         self._closed = True
         self._writer.close()
         self._shared.release()
+        _mapped.unwatch(self.path / "data.mdb")
