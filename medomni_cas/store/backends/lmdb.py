@@ -134,6 +134,9 @@ class LMDBBackend(Backend):
             try:
                 with self.env.begin(write=True) as txn:
                     result = fn(txn)
+                # a write reads the pages it changes through the map: looked at after
+                # each (a delete of a batch of ids maps a page and its neighbours per id)
+                _mapped.note(_NOTE_EVERY)
                 if self._flush:
                     # the environment was opened without sync by a less careful holder
                     self.env.sync(True)
@@ -382,7 +385,9 @@ class LMDBBackend(Backend):
 
         def delete(txn: lmdb.Transaction) -> list[tuple[bytes, int]]:
             gone = []
-            for key in keys:
+            for n, key in enumerate(keys, 1):
+                if n % _NOTE_EVERY == 0:
+                    _mapped.note(_NOTE_EVERY)  # the pages read, looked at as it goes
                 value = txn.get(key, db=self._objects)
                 if value is None:
                     continue
