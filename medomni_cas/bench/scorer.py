@@ -176,6 +176,11 @@ def _answers(
     store: Store, set_build: ObjectId, arm: str, arm_variant: str, truths: Truths
 ) -> _Answers:
     aid, record = answer_columns(store, set_build, arm, arm_variant, truths)
+    return _answers_of(store, aid, record)
+
+
+def _answers_of(store: Store, aid: ObjectId, record: AnswerColumns) -> _Answers:
+    """Answer columns already stored (``aid``, a result's) as the scorer reads them."""
     cols, n = record.columns, record.rows
     return _Answers(
         aid,
