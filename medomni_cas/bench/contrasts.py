@@ -178,6 +178,8 @@ class _Group:
     families: tuple[str, ...]
     # the answer columns and rows ``truth`` is a slice of: every job of an arm shares them
     truth_key: tuple[ObjectId, int, int] = (ObjectId(bytes(32)), 0, 0)
+    # the answers as the reader thread left them: numbers, or (labels, each row's index)
+    pred_ready: np.ndarray | tuple[list[str], np.ndarray] | None = None
     # each row's label code in the key's vocabulary (class targets), or its number
     truth_values: np.ndarray | None = None
     pred_values: np.ndarray | None = None
@@ -278,15 +280,14 @@ class _Reader:
 
     def read_ahead(
         self, pool: ThreadPoolExecutor, job: JobRecord
-    ) -> tuple[JobRecord, Future[_Predictions]]:
+    ) -> tuple[JobRecord, Future[_Read]]:
         """Start reading ``job``'s columns in ``pool`` (the answers are made here, in
         order, as the caches are this thread's)."""
         answers = self.arm_answers(job.set_build, job.arm, job.arm_variant)
-        return job, pool.submit(_predictions, self.store, job, answers, columns=_COLUMNS)
+        return job, pool.submit(_read_job, self.store, job, answers)
 
-    def job_groups(
-        self, job: JobRecord, preds: _Predictions
-    ) -> list[tuple[tuple[str, str], _Group]]:
+    def job_groups(self, job: JobRecord, read: _Read) -> list[tuple[tuple[str, str], _Group]]:
+        preds, ready = read
         answers = self.arm_answers(job.set_build, job.arm, job.arm_variant)
         where = (job.set_build, job.arm, job.arm_variant)
         key = self.keys.get(where)
@@ -294,7 +295,7 @@ class _Reader:
             key = self.keys[where] = arm_rows(self.store, *where)
         ran = preds.status.is_valid().to_numpy(zero_copy_only=False)
         out = []
-        for g, k in zip(answers.record.groups, key.groups, strict=True):
+        for i, (g, k) in enumerate(zip(answers.record.groups, key.groups, strict=True)):
             if (g.pair, g.target, g.start, g.stop) != (k.entry.pair, k.target, k.start, k.stop):
                 raise CompareError(
                     f"answer columns of {arm_label(job.arm, job.arm_variant)} do not follow "
@@ -326,6 +327,7 @@ class _Reader:
                 run_configs=configs,
                 families=self.config_families(g.config),
                 truth_key=(answers.id, g.start, g.stop),
+                pred_ready=ready[i],
             )
             out.append(((g.pair, g.target), group))
         return out
@@ -334,11 +336,17 @@ class _Reader:
 # -- values --------------------------------------------------------------------------------
 def _codes(array: pa.Array, vocab: dict[str, int]) -> np.ndarray:
     """Each row's label as its code in ``vocab`` (grown as needed), -1 for a null."""
+    return _remap(*_encoded(array), vocab)
+
+
+def _encoded(array: pa.Array) -> tuple[list[str], np.ndarray]:
+    """``array``'s labels (first seen first) and each row's index among them (their number
+    for a null): the costly part of `_codes`, which needs no vocabulary (so a reader
+    thread does it)."""
     if pa.types.is_null(array.type):
-        return np.full(len(array), -1, dtype=np.intp)
+        return [], np.zeros(len(array), dtype=np.intp)
     enc = pc.dictionary_encode(array)
     labels = enc.dictionary.to_pylist()
-    remap = np.array([vocab.setdefault(label, len(vocab)) for label in labels] + [-1])
     indices = enc.indices
     if indices.null_count:  # a null row's index is whatever its slot holds: the last code
         idx = np.where(
@@ -348,7 +356,32 @@ def _codes(array: pa.Array, vocab: dict[str, int]) -> np.ndarray:
         )
     else:
         idx = indices.to_numpy()
-    return remap[idx.astype(np.intp)]
+    return labels, idx.astype(np.intp)
+
+
+def _remap(labels: list[str], idx: np.ndarray, vocab: dict[str, int]) -> np.ndarray:
+    remap = np.array([vocab.setdefault(label, len(vocab)) for label in labels] + [-1])
+    return remap[idx]
+
+
+#: A job's columns as a reader thread leaves them: the predictions, and each answer group's
+#: answers ready to code (`_Group.pred_ready`).
+_Read = tuple[_Predictions, list[np.ndarray | tuple[list[str], np.ndarray]]]
+
+
+def _read_job(store: Store, job: JobRecord, answers: _Answers) -> _Read:
+    """A job's columns, and each group's answers as numbers or labels and indices (the
+    Arrow work, outside the GIL, done here in a reader thread rather than in the
+    thread that pairs)."""
+    preds = _predictions(store, job, answers, columns=_COLUMNS)
+    ready: list[np.ndarray | tuple[list[str], np.ndarray]] = []
+    for g in answers.record.groups:
+        n = g.stop - g.start
+        value = preds.value_num if g.numeric else preds.value_text
+        typ = pa.float64() if g.numeric else pa.string()
+        pred = pa.nulls(n, typ) if value is None else value.slice(g.start, n)
+        ready.append(_numbers(pred) if g.numeric else _encoded(pred))
+    return preds, ready
 
 
 def _numbers(array: pa.Array) -> np.ndarray:
@@ -368,14 +401,18 @@ def _prepare_values(groups: Sequence[_Group]) -> int:
         if g.truth_values is not None:
             continue
         truth = truths.get(g.truth_key)
+        ready = g.pred_ready
         if g.numeric:
             if truth is None:
                 truth = truths[g.truth_key] = _numbers(g.truth)
-            g.truth_values, g.pred_values = truth, _numbers(g.pred)
+            pred = ready if isinstance(ready, np.ndarray) else _numbers(g.pred)
+            g.truth_values, g.pred_values = truth, pred
         else:
             if truth is None:
                 truth = truths[g.truth_key] = _codes(g.truth, vocab)
-            g.truth_values, g.pred_values = truth, _codes(g.pred, vocab)
+            codes = _remap(*ready, vocab) if isinstance(ready, tuple) else _codes(g.pred, vocab)
+            g.truth_values, g.pred_values = truth, codes
+        g.pred_ready = None
     return len(vocab)
 
 
@@ -779,17 +816,27 @@ def _resampled(
 
 def _finish(tasks: list[_Task], n_boot: int, seed: int) -> list[ContrastRow]:
     """Bootstrap every task, test each, adjust the p-values together."""
-    _bootstrap(tasks, n_boot, seed)
-    values: list[tuple[float | None, float | None, float | None]] = []
+    # the resampling (its draws and its product, mostly outside the GIL) runs in a thread
+    # while this one computes the values and the tests, which need none of it
+    with ThreadPoolExecutor(1, thread_name_prefix="medomni-bootstrap") as pool:
+        booted = pool.submit(_bootstrap, tasks, n_boot, seed)
+        values: list[tuple[float | None, float | None, float | None]] = []
+        for t in tasks:
+            paired = len(t.pairing.patients) > 0
+            va = _clean(t.finish(t.a.total())[0]) if paired else None
+            vb = _clean(t.finish(t.b.total())[0]) if paired else None
+            diff = None if va is None or vb is None else _clean(va - vb)
+            values.append((va, vb, diff))
+        tests = [_test(t) for t in tasks]
+        exact = [i for i, x in enumerate(tests) if x[0] == "mcnemar-exact"]
+        p_exact = mcnemar_exact_many([tests[i][4:6] for i in exact])
+        for i, p_ in zip(exact, p_exact, strict=True):
+            tests[i] = (*tests[i][:2], p_, *tests[i][3:])
+        booted.result()
     resampled: list[np.ndarray] = []
     where: list[int | None] = []
     metrics: dict[int, np.ndarray] = {}
-    for t in tasks:
-        paired = len(t.pairing.patients) > 0
-        va = _clean(t.finish(t.a.total())[0]) if paired else None
-        vb = _clean(t.finish(t.b.total())[0]) if paired else None
-        diff = None if va is None or vb is None else _clean(va - vb)
-        values.append((va, vb, diff))
+    for t, (_, _, diff) in zip(tasks, values, strict=True):
         if t.a.sums is not None and t.b.sums is not None and diff is not None:
             ra, rb = _resampled(t.a, t.finish, metrics), _resampled(t.b, t.finish, metrics)
             where.append(len(resampled))
@@ -798,10 +845,6 @@ def _finish(tasks: list[_Task], n_boot: int, seed: int) -> list[ContrastRow]:
             where.append(None)
     # every interval in one percentile call: one a row costs more than the resampling
     intervals = percentile_intervals(np.stack(resampled), ALPHA) if resampled else []
-    tests = [_test(t) for t in tasks]
-    exact = [i for i, x in enumerate(tests) if x[0] == "mcnemar-exact"]
-    for i, p_ in zip(exact, mcnemar_exact_many([tests[i][4:6] for i in exact]), strict=True):
-        tests[i] = (*tests[i][:2], p_, *tests[i][3:])
     rows = []
     for t, (va, vb, diff), w, tested in zip(tasks, values, where, tests, strict=True):
         lo = hi = alo = ahi = blo = bhi = None
@@ -933,7 +976,7 @@ def derive_comparison(
     # as the scorer does: the next jobs' columns are read (blob reads, hashing, Arrow
     # decoding, mostly outside the GIL) while this one's are lined up
     upcoming = iter(read)
-    pending: deque[tuple[_Side, tuple[JobRecord, Future[_Predictions]]]] = deque()
+    pending: deque[tuple[_Side, tuple[JobRecord, Future[_Read]]]] = deque()
     with ThreadPoolExecutor(_READERS, thread_name_prefix="medomni-compare") as pool:
 
         def ahead() -> None:
