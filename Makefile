@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
