@@ -30,7 +30,11 @@ Speed
     (``scores/evidence/<build>``, as the scorer keeps answer columns); ``audit verify``
     reads the atoms again instead. Every side (agent, arm, pair, target) is summed per
     patient once, whichever contrasts use it, and all contrasts of the same number of
-    patients share one set of resamples and one matrix product.
+    patients share one set of resamples and one matrix product. Jobs are read ahead in
+    threads, as the scorer reads them (their answers dictionary-encoded there, outside
+    the GIL); an arm's truth is coded once for all its jobs; the resampling runs in a
+    thread of its own beside the tests. None of this changes a number: a comparison's
+    bytes are what ``audit verify`` computes again.
 """
 
 from __future__ import annotations
