@@ -31,19 +31,3 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[mc.Store]:
     yield s
     s.close()
 
-
-_SHARED_SCOPES = {"module", "package"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the tests that share a module fixture on one xdist worker (``--dist loadgroup``):
-    under plain ``load`` both workers would build the same Docker job, LLM trials or world."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return  # its marker is registered by xdist, and `-p no:xdist` runs everything here
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        defs = info.name2fixturedefs.values()
-        if any(d[-1].scope in _SHARED_SCOPES for d in defs if d):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
