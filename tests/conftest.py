@@ -30,4 +30,3 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[mc.Store]:
     s = mc.open(store_url(request.param, tmp_path))
     yield s
     s.close()
-
