@@ -38,10 +38,9 @@ import numpy as np
 import medomni_cas as mc
 from benchmarks_perf._table import Row, render
 from benchmarks_perf._timing import median_time, timed
-from benchmarks_perf.bench_score import ARMS, build_scoring
+from benchmarks_perf.bench_score import ARMS, build_scoring, put_written
 from medomni_cas.bench.contrasts import compare_jobs, derive_comparison
 from medomni_cas.bench.scorer import score_jobs
-from medomni_cas.store.encoding import encode
 from medomni_cas.store.ids import ObjectId, hash_bytes
 from medomni_cas.studio.records import AtomEnvironment, AtomTask
 
@@ -60,25 +59,30 @@ QUICK = Sizes(score_jobs=10, rows_per_job=4_000, python_jobs=0, repeats=1, n_boo
 CHAIN = [(f"arm{i}", f"arm{i - 1}") for i in range(1, ARMS)]
 
 
-def _atom(store: mc.Store, pair: str, arm: str, patient: str) -> ObjectId:
-    """A real atom task, put as raw bytes (its links are ids only: the comparer reads an
-    atom's evidence id, never the evidence); a patient's evidence is the same under every
-    arm."""
-    atom = AtomTask(
-        pair=pair,
-        version="1.0",
-        patient=patient,
-        prediction_time="2026-01-01T00:00:00",
-        arm=arm,
-        instruction=_NONE,
-        evidence=hash_bytes(f"evidence {pair} {patient}".encode()),
-        families=("demographics",),
-        environment=_ENV,
-        submission_path="/workspace/answer.json",
-        format_check=_NONE,
-        config=_NONE,
+def _atoms(store: mc.Store, pair: str, arm: str, patients: tuple[str, ...]) -> list[ObjectId]:
+    """Real atom tasks, one a patient, written in one batch (`put_written`: their links
+    are ids only; the comparer reads an atom's evidence id, never the evidence); a
+    patient's evidence is the same under every arm."""
+    return put_written(
+        store,
+        [
+            AtomTask(
+                pair=pair,
+                version="1.0",
+                patient=patient,
+                prediction_time="2026-01-01T00:00:00",
+                arm=arm,
+                instruction=_NONE,
+                evidence=hash_bytes(f"evidence {pair} {patient}".encode()),
+                families=("demographics",),
+                environment=_ENV,
+                submission_path="/workspace/answer.json",
+                format_check=_NONE,
+                config=_NONE,
+            )
+            for patient in patients
+        ],
     )
-    return store.put_raw(encode(atom))
 
 
 _NONE = ObjectId(bytes(32))
@@ -100,7 +104,7 @@ def _check(compared: Sequence[object], scored: Sequence[object]) -> None:
 
 def bench_compare(tmp: Path, sizes: Sizes) -> list[Row]:
     path = tmp / "compare"
-    t_build, s = timed(lambda: build_scoring(path, sizes, _atom))
+    t_build, s = timed(lambda: build_scoring(path, sizes, _atoms))
     store, jobs, n_rows = s.store, s.jobs, s.rows
     print(
         f"built {len(jobs)} jobs of {sizes.rows_per_job:,} rows with their atoms in {t_build:.0f} s"

@@ -341,6 +341,12 @@ def test_audit_show_and_verify_reach_the_comparison(
     code, report = _verify(capsys, world.url, ref)
     assert code == 0, report
     assert report["ok"] and report["rows"] == 20 and report["jobs_scored"] == 10
+    # the text names what was verified: a comparison and its contrasts, not a score
+    assert main(["audit", "verify", ref, "--store", world.url]) == 0
+    out = capsys.readouterr()[0]
+    assert out.startswith(f"comparison {world.data['comparison']}: ok"), out
+    assert "20 contrasts compared with the contrasts of 10 job(s) compared again" in out
+    assert "score rows" not in out and "result" not in out
 
 
 def test_a_forged_difference_fails_verify(

@@ -260,6 +260,32 @@ def test_contrasts_and_plots_on_the_result_page(client: TestClient, world: World
     assert "hidden: an answer key" in prov
 
 
+def test_confusion_on_the_result_page(client: TestClient, world: World, store: mc.Store) -> None:
+    """A panel per agent and class target, its counts those of `confusion_tables` (which
+    derives what it needs; the viewer reads the result's own answer columns), counts only."""
+    from medomni_cas.bench.confusion import confusion_tables
+
+    rid = world.result.hex()
+    page = _ok(client, f"/result/{rid}")
+    assert _links(page, f"/confusion/{rid}/") == [f"/confusion/{rid}/{i}.svg" for i in (0, 1)]
+    result = store.get(world.result, Result)
+    want = {(t.agent, t.arm): t.matrix for t in confusion_tables(store, result.jobs)}
+    assert set(want) == {("baseline", a) for a in ARMS} | {("hostile", "no-perception")}
+    patients = store.get(result.answer_keys[0]).values
+    for i, agent in enumerate(("baseline", "hostile")):
+        r = client.get(f"/confusion/{rid}/{i}.svg")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        svg = r.text
+        assert svg.startswith("<svg") and "<script" not in svg and f"{agent}: {PAIR}" in svg
+        counts = [int(c) for c in re.findall(r'<text class="count"[^>]*>(\d+)</text>', svg)]
+        cells = [v for (a, _), m in sorted(want.items()) if a == agent for row in m for v in row]
+        assert counts == [v for v in cells if v] and sum(counts) > 0
+        assert not any(p in svg for p in patients)  # counts only, never a patient
+    assert client.get(f"/confusion/{rid}/2.svg").status_code == 404
+    assert client.get(f"/confusion/{world.comparison.hex()}/0.svg").status_code == 404
+
+
 def test_the_latest_comparisons_plots_are_drawn_ahead(store: mc.Store, world: World) -> None:
     """`medomni view` draws the plots of the latest comparisons as it starts (a background
     thread), so the first page showing them does not wait for matplotlib."""
@@ -592,6 +618,11 @@ def test_in_a_browser_from_a_result_to_a_log_and_to_provenance(
             forest = driver.find_element(By.CSS_SELECTOR, "img.plot")
             width = forest.get_property("naturalWidth")
             assert isinstance(width, int) and width > 100  # the SVG loaded and drew
+            panels = driver.find_elements(By.CSS_SELECTOR, "img.confusion")
+            assert len(panels) == 2  # the baseline's and the hostile agent's
+            for img in panels:
+                width = img.get_property("naturalWidth")
+                assert isinstance(width, int) and width > 100  # each confusion panel drew
             shot("7-contrasts")
             click("provenance of the contrasts")
             tree = driver.find_element(By.TAG_NAME, "main").text

@@ -116,6 +116,7 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     # whose answer key does not open it (`medomni_cas.audit.commitment`)
     commitment: str = ""
     unopened: list[str] = []
+    subject: str = "result"  # what ``result`` names: "result" or "comparison"
 
     def __repr__(self) -> str:
         return "\n".join(render_text(self))
@@ -132,7 +133,12 @@ def render_text(report: VerifyReport) -> list[str]:
         f"{report.seconds:.2f} s{by}, {report.objects_per_sec:,.0f} objects/s"
     )
     notes = [f"  notice: {n}" for n in report.notices]
-    if report.rows or report.jobs_scored:
+    if (report.rows or report.jobs_scored) and report.subject == "comparison":
+        rate += (
+            f"; {report.rows:,} contrasts compared with the contrasts of "
+            f"{report.jobs_scored} job(s) compared again"
+        )
+    elif report.rows or report.jobs_scored:
         rate += (
             f"; {report.rows:,} score rows compared with the rows of {report.jobs_scored}"
             " job(s) scored again"
@@ -143,9 +149,9 @@ def render_text(report: VerifyReport) -> list[str]:
         else []
     )
     if report.ok:
-        return [f"result {report.result}: ok", f"  {rate}", *opened, *notes]
+        return [f"{report.subject} {report.result}: ok", f"  {rate}", *opened, *notes]
     n = len(report.problems) + len(report.derived) + len(report.score) + len(report.unopened)
-    lines = [f"result {report.result}: {n} problem(s)", f"  {rate}"]
+    lines = [f"{report.subject} {report.result}: {n} problem(s)", f"  {rate}"]
     lines += [f"  {p.kind}: {p.message}" for p in report.problems]
     lines += [f"  derived: {d}" for d in report.derived]
     lines += [f"  {p.kind}: {p.message}" for p in report.score]
@@ -213,6 +219,7 @@ def verify_result(
         jobs_scored=score.jobs if score is not None else 0,
         commitment=opened.commitment,
         unopened=opened.problems,
+        subject="comparison" if kind == Comparison.__kind__ else "result",
     )
 
 

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from medomni_cas.bench.columns import Truths
-from medomni_cas.bench.records import AgentConfig, JobRecord
-from medomni_cas.bench.scorer import _Answers, _answers, _predictions
+from medomni_cas.bench.records import AgentConfig, AnswerColumns, JobRecord
+from medomni_cas.bench.scorer import _Answers, _answers, _answers_of, _predictions
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_label
@@ -45,39 +47,77 @@ class ConfusionTable:
         return getattr(self, key, default)
 
 
-def confusion_tables(store: Store, jobs: Sequence[ObjectId]) -> list[ConfusionTable]:
-    """The confusion of every class target of ``jobs``, by (agent, arm label, pair, target)."""
+def _labels(array: pa.Array) -> tuple[list[object], np.ndarray]:
+    """``array``'s distinct values and each row's index among them (-1: null)."""
+    if pa.types.is_null(array.type):
+        return [], np.full(len(array), -1, dtype=np.intp)
+    enc = pc.dictionary_encode(array)
+    indices = enc.indices
+    idx = pc.fill_null(indices, -1).to_numpy() if indices.null_count else indices.to_numpy()
+    return enc.dictionary.to_pylist(), idx.astype(np.intp)
+
+
+def confusion_tables(
+    store: Store, jobs: Sequence[ObjectId], answer_columns: Sequence[ObjectId] = ()
+) -> list[ConfusionTable]:
+    """The confusion of every class target of ``jobs``, by (agent, arm label, pair, target).
+
+    ``answer_columns``: score against these (a `Result`'s), read only, and leave out a
+    job of an arm they do not cover; else each arm's are found or made (and kept), as
+    the scorer does. Columnar: each job's rows are coded by value, never a row a time."""
     truths: Truths = {}
     answers: dict[tuple[ObjectId, str, str], _Answers] = {}
-    pooled: dict[tuple[str, str, str, str], list[tuple[list[str | None], list[str | None]]]] = {}
+    for aid in answer_columns:
+        rec = store.get(aid, AnswerColumns)
+        answers[(rec.set_build, rec.arm, rec.arm_variant)] = _answers_of(store, aid, rec)
+    names: dict[ObjectId, str] = {}
+    # by key: each part's (truth values, their codes; answer values, their codes)
+    Part = tuple[list[object], np.ndarray, list[object], np.ndarray]
+    pooled: dict[tuple[str, str, str, str], list[Part]] = {}
+    truth_parts: dict[tuple[ObjectId, int], tuple[list[object], np.ndarray]] = {}
     for jid in jobs:
         job = store.get(jid, JobRecord)
         where = (job.set_build, job.arm, job.arm_variant)
         if where not in answers:
+            if answer_columns:
+                continue
             answers[where] = _answers(store, *where, truths)
         a = answers[where]
         if all(g.numeric for g in a.record.groups):
             continue
-        preds = _predictions(store, job, a)
-        agent = store.get(job.agent_config, AgentConfig).name
+        preds = _predictions(store, job, a, columns=frozenset({"value_text", "status"}))
+        if job.agent_config not in names:
+            names[job.agent_config] = store.get(job.agent_config, AgentConfig).name
+        agent = names[job.agent_config]
         for g in a.record.groups:
             if g.numeric:
                 continue
             n = g.stop - g.start
-            truth = a.truth_text.slice(g.start, n).to_pylist()
+            tk = (a.id, g.start)
+            if tk not in truth_parts:  # an arm's jobs share its truth: coded once
+                truth_parts[tk] = _labels(a.truth_text.slice(g.start, n))
             value = preds.value_text
-            pred = [None] * n if value is None else value.slice(g.start, n).to_pylist()
+            pred = _labels(pa.nulls(n, pa.string()) if value is None else value.slice(g.start, n))
             key = (agent, arm_label(job.arm, job.arm_variant), g.pair, g.target)
-            pooled.setdefault(key, []).append((truth, pred))
+            pooled.setdefault(key, []).append((*truth_parts[tk], *pred))
     out = []
     for (agent, label, pair, target), parts in sorted(pooled.items()):
-        truth = [t for ts, _ in parts for t in ts]
-        pred = [p for _, ps in parts for p in ps]
-        classes = sorted({str(t) for t in truth} | {str(p) for p in pred if p is not None})
+        # a class is any truth present (a missing truth is the class "None", as str() says)
+        # or any answer given
+        seen = set()
+        for t_values, t_idx, p_values, p_idx in parts:
+            used = np.unique(t_idx)
+            seen |= {"None" if i < 0 else str(t_values[i]) for i in used.tolist()}
+            seen |= {str(p_values[i]) for i in np.unique(p_idx).tolist() if i >= 0}
+        classes = sorted(seen)
         index = {c: i for i, c in enumerate(classes)}
-        t = np.array([index[str(x)] for x in truth], dtype=np.intp)
-        p = np.array([len(classes) if x is None else index[str(x)] for x in pred], dtype=np.intp)
         k = len(classes)
-        counts = np.bincount(t * (k + 1) + p, minlength=k * (k + 1)).reshape(k, k + 1)
-        out.append(ConfusionTable(agent, label, pair, target, classes, counts.tolist()))
+        counts = np.zeros(k * (k + 1), dtype=np.int64)
+        for t_values, t_idx, p_values, p_idx in parts:
+            t_map = np.array([index[str(v)] for v in t_values] + [index.get("None", 0)])
+            p_map = np.array([index[str(v)] for v in p_values] + [k])
+            cell = t_map[t_idx] * (k + 1) + p_map[p_idx]  # -1 picks each map's last entry
+            counts += np.bincount(cell, minlength=k * (k + 1))
+        matrix = counts.reshape(k, k + 1).tolist()
+        out.append(ConfusionTable(agent, label, pair, target, classes, matrix))
     return out

@@ -30,13 +30,19 @@ Speed
     (``scores/evidence/<build>``, as the scorer keeps answer columns); ``audit verify``
     reads the atoms again instead. Every side (agent, arm, pair, target) is summed per
     patient once, whichever contrasts use it, and all contrasts of the same number of
-    patients share one set of resamples and one matrix product.
+    patients share one set of resamples and one matrix product. Jobs are read ahead in
+    threads, as the scorer reads them (their answers dictionary-encoded there, outside
+    the GIL); an arm's truth is coded once for all its jobs; the resampling runs in a
+    thread of its own beside the tests. None of this changes a number: a comparison's
+    bytes are what ``audit verify`` computes again.
 """
 
 from __future__ import annotations
 
 import io
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,14 +57,14 @@ from medomni_cas.bench.comparisons import Comparison, ContrastRow
 from medomni_cas.bench.metrics import METRICS
 from medomni_cas.bench.paired_stats import (
     holm,
-    mcnemar_exact,
+    mcnemar_exact_many,
     percentile_intervals,
     resample_sums,
     wilcoxon,
 )
 from medomni_cas.bench.records import AgentConfig, JobRecord
 from medomni_cas.bench.refnames import comparison_ref, evidence_ref
-from medomni_cas.bench.scorer import _Answers, _answers, _predictions
+from medomni_cas.bench.scorer import _READERS, _Answers, _answers, _Predictions, _predictions
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store.ids import ObjectId
@@ -89,6 +95,9 @@ __all__ = [
 COMPARER = "medomni-compare"
 COMPARER_VERSION = "1.0.0"
 ALPHA = 0.05
+# the prediction columns a contrast reads (status: which slots ran; the outcome of jobs
+# recorded before status)
+_COLUMNS = frozenset({"value_text", "value_num", "status", "outcome"})
 
 
 class CompareError(MedomniError, ValueError):
@@ -171,6 +180,10 @@ class _Group:
     ran: np.ndarray  # whether each row's slot has a final run
     run_configs: frozenset[str]
     families: tuple[str, ...]
+    # the answer columns and rows ``truth`` is a slice of: every job of an arm shares them
+    truth_key: tuple[ObjectId, int, int] = (ObjectId(bytes(32)), 0, 0)
+    # the answers as the reader thread left them: numbers, or (labels, each row's index)
+    pred_ready: np.ndarray | tuple[list[str], np.ndarray] | None = None
     # each row's label code in the key's vocabulary (class targets), or its number
     truth_values: np.ndarray | None = None
     pred_values: np.ndarray | None = None
@@ -187,9 +200,17 @@ class _Universe:
         got = self.by_content.get(content)
         if got is None:
             code = self.code
-            got = np.fromiter(
-                (code.setdefault(p, len(code)) for p in patients), np.intp, len(patients)
-            )
+            got = None
+            if not code:  # the first content: its order is the universe's
+                code.update(zip(patients, range(len(patients)), strict=True))
+                if len(code) == len(patients):
+                    got = np.arange(len(patients), dtype=np.intp)
+                else:  # a patient twice: each keeps the code of their first row
+                    code.clear()
+            if got is None:
+                got = np.fromiter(
+                    (code.setdefault(p, len(code)) for p in patients), np.intp, len(patients)
+                )
             self.by_content[content] = got
         return got
 
@@ -261,16 +282,24 @@ class _Reader:
         got = self.evidence[build] = _ids(data)
         return got
 
-    def job_groups(self, job: JobRecord) -> list[tuple[tuple[str, str], _Group]]:
+    def read_ahead(
+        self, pool: ThreadPoolExecutor, job: JobRecord
+    ) -> tuple[JobRecord, Future[_Read]]:
+        """Start reading ``job``'s columns in ``pool`` (the answers are made here, in
+        order, as the caches are this thread's)."""
+        answers = self.arm_answers(job.set_build, job.arm, job.arm_variant)
+        return job, pool.submit(_read_job, self.store, job, answers)
+
+    def job_groups(self, job: JobRecord, read: _Read) -> list[tuple[tuple[str, str], _Group]]:
+        preds, ready = read
         answers = self.arm_answers(job.set_build, job.arm, job.arm_variant)
         where = (job.set_build, job.arm, job.arm_variant)
         key = self.keys.get(where)
         if key is None:
             key = self.keys[where] = arm_rows(self.store, *where)
-        preds = _predictions(self.store, job, answers)
         ran = preds.status.is_valid().to_numpy(zero_copy_only=False)
         out = []
-        for g, k in zip(answers.record.groups, key.groups, strict=True):
+        for i, (g, k) in enumerate(zip(answers.record.groups, key.groups, strict=True)):
             if (g.pair, g.target, g.start, g.stop) != (k.entry.pair, k.target, k.start, k.stop):
                 raise CompareError(
                     f"answer columns of {arm_label(job.arm, job.arm_variant)} do not follow "
@@ -301,6 +330,8 @@ class _Reader:
                 ran=ran[g.start : g.stop],
                 run_configs=configs,
                 families=self.config_families(g.config),
+                truth_key=(answers.id, g.start, g.stop),
+                pred_ready=ready[i],
             )
             out.append(((g.pair, g.target), group))
         return out
@@ -309,13 +340,52 @@ class _Reader:
 # -- values --------------------------------------------------------------------------------
 def _codes(array: pa.Array, vocab: dict[str, int]) -> np.ndarray:
     """Each row's label as its code in ``vocab`` (grown as needed), -1 for a null."""
+    return _remap(*_encoded(array), vocab)
+
+
+def _encoded(array: pa.Array) -> tuple[list[str], np.ndarray]:
+    """``array``'s labels (first seen first) and each row's index among them (their number
+    for a null): the costly part of `_codes`, which needs no vocabulary (so a reader
+    thread does it)."""
     if pa.types.is_null(array.type):
-        return np.full(len(array), -1, dtype=np.intp)
+        return [], np.zeros(len(array), dtype=np.intp)
     enc = pc.dictionary_encode(array)
     labels = enc.dictionary.to_pylist()
+    indices = enc.indices
+    if indices.null_count:  # a null row's index is whatever its slot holds: the last code
+        idx = np.where(
+            indices.is_valid().to_numpy(zero_copy_only=False),
+            pc.fill_null(indices, 0).to_numpy(),
+            len(labels),
+        )
+    else:
+        idx = indices.to_numpy()
+    return labels, idx.astype(np.intp)
+
+
+def _remap(labels: list[str], idx: np.ndarray, vocab: dict[str, int]) -> np.ndarray:
     remap = np.array([vocab.setdefault(label, len(vocab)) for label in labels] + [-1])
-    idx = pc.fill_null(enc.indices, len(labels)).to_numpy(zero_copy_only=False)
-    return remap[idx.astype(np.intp)]
+    return remap[idx]
+
+
+#: A job's columns as a reader thread leaves them: the predictions, and each answer group's
+#: answers ready to code (`_Group.pred_ready`).
+_Read = tuple[_Predictions, list[np.ndarray | tuple[list[str], np.ndarray]]]
+
+
+def _read_job(store: Store, job: JobRecord, answers: _Answers) -> _Read:
+    """A job's columns, and each group's answers as numbers or labels and indices (the
+    Arrow work, outside the GIL, done here in a reader thread rather than in the
+    thread that pairs)."""
+    preds = _predictions(store, job, answers, columns=_COLUMNS)
+    ready: list[np.ndarray | tuple[list[str], np.ndarray]] = []
+    for g in answers.record.groups:
+        n = g.stop - g.start
+        value = preds.value_num if g.numeric else preds.value_text
+        typ = pa.float64() if g.numeric else pa.string()
+        pred = pa.nulls(n, typ) if value is None else value.slice(g.start, n)
+        ready.append(_numbers(pred) if g.numeric else _encoded(pred))
+    return preds, ready
 
 
 def _numbers(array: pa.Array) -> np.ndarray:
@@ -327,13 +397,26 @@ def _prepare_values(groups: Sequence[_Group]) -> int:
     vocabulary of every arm's truths and answers (for class targets), or numbers. Returns
     the vocabulary's size (0 for a numeric target)."""
     vocab: dict[str, int] = {}
+    # an arm's jobs share its answers: their truth is coded once (and is then one array,
+    # which `_facts` recognises); coding it again would add no label to ``vocab``, so the
+    # codes are the same as coding every group's
+    truths: dict[tuple[ObjectId, int, int], np.ndarray] = {}
     for g in groups:
         if g.truth_values is not None:
             continue
+        truth = truths.get(g.truth_key)
+        ready = g.pred_ready
         if g.numeric:
-            g.truth_values, g.pred_values = _numbers(g.truth), _numbers(g.pred)
+            if truth is None:
+                truth = truths[g.truth_key] = _numbers(g.truth)
+            pred = ready if isinstance(ready, np.ndarray) else _numbers(g.pred)
+            g.truth_values, g.pred_values = truth, pred
         else:
-            g.truth_values, g.pred_values = _codes(g.truth, vocab), _codes(g.pred, vocab)
+            if truth is None:
+                truth = truths[g.truth_key] = _codes(g.truth, vocab)
+            codes = _remap(*ready, vocab) if isinstance(ready, tuple) else _codes(g.pred, vocab)
+            g.truth_values, g.pred_values = truth, codes
+        g.pred_ready = None
     return len(vocab)
 
 
@@ -354,27 +437,57 @@ def _same_values(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (x == y) | (np.isnan(x) & np.isnan(y))
 
 
+def _same_ids(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Rows of `_ids` equal in all 32 bytes: four column compares, several times faster
+    than ``(x == y).all(axis=1)``."""
+    same = x[:, 0] == y[:, 0]
+    for j in (1, 2, 3):
+        same &= x[:, j] == y[:, j]
+    return same
+
+
+def _put_ids(into: np.ndarray, where: np.ndarray, rows: np.ndarray) -> None:
+    """``into[where] = rows`` for `_ids` rows, each moved as one 32-byte item (a 2-D
+    fancy assignment of uint64 is several times slower)."""
+    items = np.ascontiguousarray(rows).view(np.dtype("V32"))[:, 0]
+    into.view(np.dtype("V32"))[:, 0][where] = items
+
+
 def _facts(reader: _Reader, groups: list[_Group], size: int, ladder: bool) -> _Facts:
     seen = np.zeros(size, dtype=bool)
     never = np.zeros(size, dtype=bool)
     mixed = np.zeros(size, dtype=bool)
     proof = np.zeros((size, 4), dtype=np.uint64)
     truth = np.full(size, np.nan)
+    first: tuple[object, object, object] | None = None
+    same: tuple[object, object, object]
     for g in groups:
         c = g.codes
+        never[c[~g.ran]] = True
         if ladder:
             rows = np.broadcast_to(_ids(g.content), (len(c), 4))
+            same = (c, g.content, g.truth_values)
         else:
             rows = reader.build_evidence(g.build, g.atoms)
+            same = (c, rows, g.truth_values)
+        # a repetition of the first group's build and answers (the same arrays, kept once
+        # per content, build and answers): the same patients, proofs and answers
+        if first is not None and all(x is y for x, y in zip(same, first, strict=True)):
+            continue
         t = np.asarray(g.truth_values, dtype=np.float64)
+        if first is None:  # nobody seen yet: every row is fresh
+            first = same
+            _put_ids(proof, c, rows)
+            truth[c] = t
+            seen[c] = True
+            continue
         before = seen[c]
-        differs = ~(proof[c] == rows).all(axis=1) | ~_same_values(truth[c], t)
+        differs = ~_same_ids(np.take(proof, c, axis=0), rows) | ~_same_values(truth[c], t)
         mixed[c[before & differs]] = True
-        fresh = c[~before]
-        proof[fresh] = rows[~before]
-        truth[fresh] = t[~before]
+        fresh = ~before
+        _put_ids(proof, c[fresh], np.compress(fresh, rows, axis=0))
+        truth[c[fresh]] = t[fresh]
         seen[c] = True
-        never[c[~g.ran]] = True
     return _Facts(seen, never, mixed, proof, truth)
 
 
@@ -397,7 +510,7 @@ def _pair(a: _Facts, b: _Facts, ladder: bool) -> _Pairing:
     ):
         reasons.append((name, mask))
         rest = rest & ~mask
-    differs = rest & ~(a.proof == b.proof).all(axis=1)
+    differs = rest & ~_same_ids(a.proof, b.proof)
     reasons.append((f"{what} differs", differs))
     rest = rest & ~differs
     answer = rest & ~_same_values(a.truth, b.truth)
@@ -437,6 +550,21 @@ def _rows_of(g: _Group, patients: np.ndarray, size: int) -> np.ndarray:
     return row_of[patients]
 
 
+def _rows_values(
+    g: _Group, patients: np.ndarray, size: int
+) -> tuple[slice | np.ndarray, np.ndarray, np.ndarray]:
+    """Where ``g``'s rows go among the paired ``patients`` and their truth and answer
+    values: a slice (no copy) when ``g`` holds every paired patient in order, the common
+    case."""
+    assert g.truth_values is not None and g.pred_values is not None
+    if len(g.codes) == len(patients) and np.array_equal(g.codes, patients):
+        return slice(None), g.truth_values, g.pred_values
+    pos = _rows_of(g, patients, size)
+    have = np.flatnonzero(pos >= 0)
+    rows = pos[have]
+    return have, g.truth_values[rows], g.pred_values[rows]
+
+
 def _class_stats(
     metric: str, groups: list[_Group], patients: np.ndarray, size: int, k: int
 ) -> np.ndarray:
@@ -447,15 +575,13 @@ def _class_stats(
     width = 2 + (3 * k if metric == "macro_f1" else 2 * k if macro else 0)
     total = np.zeros((n, width))
     for g in groups:
-        pos = _rows_of(g, patients, size)
-        have = np.flatnonzero(pos >= 0)
-        rows = pos[have]
-        assert g.truth_values is not None and g.pred_values is not None
-        t, p = g.truth_values[rows], g.pred_values[rows]
+        have, t, p = _rows_values(g, patients, size)
         right = (p == t) & (p >= 0)
         total[have, 0] += right
         total[have, 1] += 1.0
         if macro:
+            if isinstance(have, slice):
+                have = np.arange(n)
             np.add.at(total, (have[right], 2 + t[right]), 1.0)
             np.add.at(total, (have, 2 + k + t), 1.0)
             if metric == "macro_f1":
@@ -468,11 +594,7 @@ def _num_stats(groups: list[_Group], patients: np.ndarray, size: int) -> np.ndar
     """``[n, 4]`` summed over ``groups``: columns ``[|err|, err², answered, rows]``."""
     total = np.zeros((len(patients), 4))
     for g in groups:
-        pos = _rows_of(g, patients, size)
-        have = np.flatnonzero(pos >= 0)
-        rows = pos[have]
-        assert g.truth_values is not None and g.pred_values is not None
-        t, p = g.truth_values[rows], g.pred_values[rows]
+        have, t, p = _rows_values(g, patients, size)
         answered = np.isfinite(p)
         err = np.abs(np.where(answered, p - t, 0.0))
         total[have, 0] += err
@@ -642,8 +764,8 @@ def _test(t: _Task) -> tuple[str, float | None, float | None, int, int, int]:
     a_better, b_better = int(np.count_nonzero(gain > 0)), int(np.count_nonzero(gain < 0))
     discordant = a_better + b_better
     if not t.numeric and t.a.single and t.b.single:
-        p = mcnemar_exact(a_better, b_better)
-        return "mcnemar-exact", None, p, discordant, a_better, b_better
+        # p: computed with every other McNemar test of the comparison (`_finish`)
+        return "mcnemar-exact", None, None, discordant, a_better, b_better
     stat, p = wilcoxon(d)
     return "wilcoxon", stat, p, discordant, a_better, b_better
 
@@ -672,10 +794,15 @@ def _bootstrap(tasks: list[_Task], n_boot: int, seed: int) -> None:
             s.columns = np.array(where, dtype=np.intp)
         matrix = np.stack(cols, axis=1)
         # a resample's sum is at most n times a column's largest value
-        exact32 = bool(np.all(matrix == np.round(matrix))) and (
-            float(np.abs(matrix).max(initial=0.0)) * n < 2**24
+        integers = bool(np.all(matrix == np.round(matrix)))
+        bound = float(np.abs(matrix).max(initial=0.0)) * n
+        exact32 = integers and bound < 2**24
+        sums = resample_sums(
+            matrix.astype(np.float32) if exact32 else matrix,
+            n_boot,
+            seed,
+            exact=integers and bound < 2**53,
         )
-        sums = resample_sums(matrix.astype(np.float32) if exact32 else matrix, n_boot, seed)
         for s in stats.values():
             s.sums = sums
 
@@ -693,17 +820,27 @@ def _resampled(
 
 def _finish(tasks: list[_Task], n_boot: int, seed: int) -> list[ContrastRow]:
     """Bootstrap every task, test each, adjust the p-values together."""
-    _bootstrap(tasks, n_boot, seed)
-    values: list[tuple[float | None, float | None, float | None]] = []
+    # the resampling (its draws and its product, mostly outside the GIL) runs in a thread
+    # while this one computes the values and the tests, which need none of it
+    with ThreadPoolExecutor(1, thread_name_prefix="medomni-bootstrap") as pool:
+        booted = pool.submit(_bootstrap, tasks, n_boot, seed)
+        values: list[tuple[float | None, float | None, float | None]] = []
+        for t in tasks:
+            paired = len(t.pairing.patients) > 0
+            va = _clean(t.finish(t.a.total())[0]) if paired else None
+            vb = _clean(t.finish(t.b.total())[0]) if paired else None
+            diff = None if va is None or vb is None else _clean(va - vb)
+            values.append((va, vb, diff))
+        tests = [_test(t) for t in tasks]
+        exact = [i for i, x in enumerate(tests) if x[0] == "mcnemar-exact"]
+        p_exact = mcnemar_exact_many([tests[i][4:6] for i in exact])
+        for i, p_ in zip(exact, p_exact, strict=True):
+            tests[i] = (*tests[i][:2], p_, *tests[i][3:])
+        booted.result()
     resampled: list[np.ndarray] = []
     where: list[int | None] = []
     metrics: dict[int, np.ndarray] = {}
-    for t in tasks:
-        paired = len(t.pairing.patients) > 0
-        va = _clean(t.finish(t.a.total())[0]) if paired else None
-        vb = _clean(t.finish(t.b.total())[0]) if paired else None
-        diff = None if va is None or vb is None else _clean(va - vb)
-        values.append((va, vb, diff))
+    for t, (_, _, diff) in zip(tasks, values, strict=True):
         if t.a.sums is not None and t.b.sums is not None and diff is not None:
             ra, rb = _resampled(t.a, t.finish, metrics), _resampled(t.b, t.finish, metrics)
             where.append(len(resampled))
@@ -713,11 +850,11 @@ def _finish(tasks: list[_Task], n_boot: int, seed: int) -> list[ContrastRow]:
     # every interval in one percentile call: one a row costs more than the resampling
     intervals = percentile_intervals(np.stack(resampled), ALPHA) if resampled else []
     rows = []
-    for t, (va, vb, diff), w in zip(tasks, values, where, strict=True):
+    for t, (va, vb, diff), w, tested in zip(tasks, values, where, tests, strict=True):
         lo = hi = alo = ahi = blo = bhi = None
         if w is not None:
             (lo, hi), (alo, ahi), (blo, bhi) = intervals[w : w + 3]
-        test, stat, p, discordant, a_better, b_better = _test(t)
+        test, stat, p, discordant, a_better, b_better = tested
         rows.append(
             ContrastRow(
                 agent=t.agent,
@@ -830,6 +967,7 @@ def derive_comparison(
     reader = _Reader(store, cached)
     sides: dict[tuple[str, str], _Side] = {}
     used: list[ObjectId] = []
+    read = []
     for jid, r in records:
         label = arm_label(r.arm, r.arm_variant)
         agent = names[r.agent_config]
@@ -838,8 +976,25 @@ def derive_comparison(
         side = sides.setdefault((agent, label), _Side(agent, label))
         side.jobs.append(jid)
         used.append(jid)
-        for key, group in reader.job_groups(r):
-            side.groups.setdefault(key, []).append(group)
+        read.append((side, r))
+    # as the scorer does: the next jobs' columns are read (blob reads, hashing, Arrow
+    # decoding, mostly outside the GIL) while this one's are lined up
+    upcoming = iter(read)
+    pending: deque[tuple[_Side, tuple[JobRecord, Future[_Read]]]] = deque()
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="medomni-compare") as pool:
+
+        def ahead() -> None:
+            nxt = next(upcoming, None)
+            if nxt is not None:
+                pending.append((nxt[0], reader.read_ahead(pool, nxt[1])))
+
+        for _ in range(_READERS + 1):
+            ahead()
+        while pending:
+            side, (r, future) = pending.popleft()
+            ahead()
+            for key, group in reader.job_groups(r, future.result()):
+                side.groups.setdefault(key, []).append(group)
     planner = _Planner(reader, sides)
     tasks = []
     for agent in sorted({a for a, _ in sides}):

@@ -176,6 +176,11 @@ def _answers(
     store: Store, set_build: ObjectId, arm: str, arm_variant: str, truths: Truths
 ) -> _Answers:
     aid, record = answer_columns(store, set_build, arm, arm_variant, truths)
+    return _answers_of(store, aid, record)
+
+
+def _answers_of(store: Store, aid: ObjectId, record: AnswerColumns) -> _Answers:
+    """Answer columns already stored (``aid``, a result's) as the scorer reads them."""
     cols, n = record.columns, record.rows
     return _Answers(
         aid,
@@ -203,9 +208,12 @@ def _plain(array: pa.Array) -> pa.Array:
     return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
 
 
-def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Predictions:
+def _predictions(
+    store: Store, job: JobRecord, answers: _Answers, *, columns: frozenset[str] | None = None
+) -> _Predictions:
     """Read only what the answers' groups score: a job whose key columns are the answers'
-    own objects lines up row for row; any other is joined on (atom, target)."""
+    own objects lines up row for row; any other is joined on (atom, target). ``columns``:
+    only these of a lined-up job's columns are read (the comparer's; None: the scorer's)."""
     record = store.get(job.predictions)
     key = answers.record
     if (
@@ -218,6 +226,7 @@ def _predictions(store: Store, job: JobRecord, answers: _Answers) -> _Prediction
         text = not all(g.numeric for g in key.groups)
 
         def column(name: str, needed: bool = True, plain: bool = True) -> pa.Array | None:
+            needed = needed and (columns is None or name in columns)
             blob = record.columns.get(name) if needed else None
             return None if blob is None else read_column(store, blob, name, plain=plain)
 

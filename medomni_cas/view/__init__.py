@@ -12,6 +12,7 @@ Modules
 ``fields``   any object as plain values and its links
 ``lineage``  the provenance tree of an object
 ``contrasts`` a comparison's contrasts and plots
+``confusion`` a result's per-class confusion, as SVG
 ``html``     escaping, the layout, tables and pagers
 ``pages``    one function per page
 ``app``      the Starlette app: routes, error pages, headers (the ``view`` extra)

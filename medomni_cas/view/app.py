@@ -13,6 +13,7 @@ Safe to open
 Routes
     ``/`` overview; ``/tasksets``, ``/taskset/<name>``; ``/results``, ``/result/<id>``;
     ``/comparisons``, ``/comparison/<id>``, ``/plot/<id>/<forest|ladder>.svg``;
+    ``/confusion/<result>/<n>.svg`` (a result's n-th class target: counts only);
     ``/jobs``, ``/job/<id>?offset=&limit=``; ``/run/<id>``;
     ``/object/<id|prefix|ref>`` (any object, by its kind); ``/tree/<id>/<path>``;
     ``/provenance/<id|ref>``; ``/refs?prefix=``; ``/health``.
@@ -27,6 +28,7 @@ from medomni_cas._extras import require
 from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError, NotFound
 from medomni_cas.store.store import Store
 from medomni_cas.view import pages
+from medomni_cas.view.confusion import ConfusionCache
 from medomni_cas.view.contrasts import PlotCache, rows_of, warm
 from medomni_cas.view.html import esc, layout
 from medomni_cas.view.pages import Context, Page, PageError
@@ -159,6 +161,28 @@ def make_app(
             return _error(404, "Not found", f"no plot {name!r} of {oid.hex()}")
         return Response(svg, media_type="image/svg+xml", headers=HEADERS)
 
+    confusion = ConfusionCache()
+
+    async def confusion_panel(request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import Response
+
+        try:
+            oid, result = pages.result_of(ctx, _param(request, "id"))
+            n = int(_param(request, "n"))
+            # reads the result's predictions (seconds for millions of rows): in a worker
+            # thread, as the scorer's readers are, so other pages are served meanwhile
+            svg = await run_in_threadpool(confusion.panel_svg, store, oid, result, n)
+        except PageError as e:
+            return _error(e.status, e.title, e.message)
+        except (NotFound, InvalidObject) as e:
+            return _error(404, "Not found", str(e))
+        except MedomniError as e:
+            return _error(500, "Error", str(e))
+        if svg is None:
+            return _error(404, "Not found", f"no confusion panel {n} of result {oid.hex()}")
+        return Response(svg, media_type="image/svg+xml", headers=HEADERS)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         if status == 404:
@@ -184,6 +208,7 @@ def make_app(
         get("/comparisons", lambda c, r: pages.comparisons_page(c, *_paging(r))),
         get("/comparison/{id}", lambda c, r: pages.comparison_page(c, _param(r, "id"))),
         Route("/plot/{id}/{name}.svg", plot, methods=["GET", "HEAD"]),
+        Route("/confusion/{id}/{n:int}.svg", confusion_panel, methods=["GET", "HEAD"]),
         get("/jobs", lambda c, r: pages.jobs_page(c, *_paging(r))),
         get("/job/{id}", lambda c, r: pages.job_page(c, _param(r, "id"), *_paging(r))),
         get("/run/{id}", lambda c, r: pages.run_page_html(c, _param(r, "id"))),

@@ -34,6 +34,7 @@ from medomni_cas.store.trees import NodeCache, iter_tree
 from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.records import SetBuild, TaskSetRecord
 from medomni_cas.studio.refnames import TASK_SET_REFS, set_build_ref, task_set_ref
+from medomni_cas.view.confusion import confusion_html
 from medomni_cas.view.contrasts import (
     COMPARISON_KIND,
     COMPARISON_REFS,
@@ -82,6 +83,7 @@ __all__ = [
     "provenance_page",
     "resolve",
     "refs_page",
+    "result_of",
     "result_page",
     "results_page",
     "run_page_html",
@@ -169,6 +171,11 @@ def _typed[T](ctx: Context, spec: str, cls: type[T], what: str) -> tuple[ObjectI
         return oid, encoding.decode_body(data, cls)
     except InvalidObject:
         raise PageError(404, "Not found", f"object {oid.hex()} is a {kind}, not {what}") from None
+
+
+def result_of(ctx: Context, spec: str) -> tuple[ObjectId, Result]:
+    """The `Result` ``spec`` names (a `PageError` when it names something else)."""
+    return _typed(ctx, spec, Result, "a result")
 
 
 def _answer_link(ctx: Context, oid: ObjectId) -> Html:
@@ -444,6 +451,8 @@ def result_page(ctx: Context, spec: str, offset: int = 0, limit: int = ROWS) -> 
         _score_table(r.rows[offset : offset + limit]),
         "<h2>Contrasts</h2>",
         _contrasts_of(ctx, ts_name, r.task_set),
+        "<h2>Confusion</h2>",
+        confusion_html(oid, r) or '<p class="muted">no class target</p>',
         _attestations_html(ctx, oid),
         "<h2>Jobs</h2>",
         _job_rows(ctx, list(r.jobs)) or '<p class="muted">none</p>',
