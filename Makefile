@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml examples/plugin-arm/pyproject.toml adapters/harbor/pypr
 demo: $(STAMP)
 	$(PY) -m examples.demo
 
+# --dist loadfile: a module's tests share its fixtures (a Docker job, LLM trials, a world), which
+# plain `load` would build once on each worker (xdist's loadgroup does not group under pytest 9)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadfile -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -42,12 +42,14 @@ from tests.test_llm_agent import llm_tree
 pytest.importorskip("harbor")
 pytest.importorskip("medomni_harbor")
 
+from harbor.llms.lite_llm import LiteLLM
 from harbor.models.trajectories.agent import Agent
 from harbor.models.trajectories.step import Step
 from harbor.models.trajectories.trajectory import Trajectory
 from harbor.utils.trajectory_utils import format_trajectory_json
 from medomni_harbor import images
 from medomni_harbor.runner import HarborRunner, reported_models
+from tenacity import wait_fixed  # Harbor's own dependency
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_IMAGE = images.AGENT_IMAGE
@@ -116,7 +118,8 @@ ANSWER = {"ckd_stage": "G2"}
 PROMPT, COMPLETION, COST = 400, 30, 0.0015  # the usage the stand-in reports for each turn
 CLOUD_SERVED = "gpt-4o-mini-2024-07-18"  # terminus-2-cloud.yaml's served_model
 #: LiteLLM's time-out per request, and no retries of the OpenAI client below Harbor's own
-#: (terminus-2 tries a failing call 3 x 3 times, with 4 s waits, before the trial fails)
+#: (terminus-2 tries a failing call 3 x 3 times, LiteLLM waiting between its tries, before the
+#: trial fails)
 CALL = {"timeout": 1, "max_retries": 0}
 
 
@@ -206,6 +209,10 @@ def trials(terminus_engine: Engine, tmp_path_factory: pytest.TempPathFactory) ->
         mp.setenv("DOCKER_HOST", terminus_engine.host)
         mp.setenv("OPENAI_API_KEY", KEY)
         mp.delenv("MEDOMNI_HARBOR_IMAGE", raising=False)
+        # Harbor's retries stay as they are (a failing call is tried 3 x 3 times); only the
+        # 4-15 s sleeps of LiteLLM's between them are cut, which the 504 and the hang would
+        # otherwise spend asleep (about 25 s of the job's wall time)
+        mp.setattr(LiteLLM.call.retry, "wait", wait_fixed(0.1))
         script = TerminusScript(PLAN, served=SERVED, other=OTHER, answer=ANSWER, leak=KEY)
         script.prompt_tokens, script.completion_tokens, script.cost = PROMPT, COMPLETION, COST
         with standin(script) as provider:
