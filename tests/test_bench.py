@@ -31,6 +31,7 @@ from medomni_cas.bench.replay import source_run
 from medomni_cas.bench.runfolders import RunFolderError, import_run_folder
 from medomni_cas.bench.runners import Job, Trial, TrialSpec
 from medomni_cas.bench.scorer import ScoreError, jobs_of, score_jobs
+from medomni_cas.bench.slottables import slot_runs
 from medomni_cas.store.verify import verify_closure
 from medomni_cas.studio.records import AnswerKey, AtomTask, BuildResult, FormatCheck
 from medomni_cas.studio.tasksets import build_set, show_set
@@ -142,10 +143,12 @@ def test_replay_repeats_answers_without_a_model(
     assert replayed and all(r.tokens_in == 0 and r.cost_usd == 0.0 for r in replayed)
     # what a replay repeats: the source's run at the same repetition, else at repetition 1
     source, atom = store.refs[agent_ref("baseline")], replayed[0].atom
-    first = source_run(store, source, atom, "no-perception", 1)
+    job = store.get(jobs_of(store, ts, ["baseline"])[0], JobRecord)
+    atoms = [store.get(r, RunRecord).atom for r in job.runs]  # the job's, in order
+    first = source_run(store, source, atom, "no-perception", 1, atoms)
     assert first is not None and first.agent_config == source and first.atom == atom
-    assert source_run(store, source, atom, "no-perception", 3) == first
-    assert source_run(store, source, atom, "encoders-required", 1) is None
+    assert source_run(store, source, atom, "no-perception", 3, atoms) == first
+    assert source_run(store, source, atom, "encoders-required", 1, atoms) is None
 
 
 # -- retries, claims, kills -------------------------------------------------------------------
@@ -288,13 +291,13 @@ def test_a_killed_harness_resumes_without_loss_or_duplicates(tree: Path, tmp_pat
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with mc.open(url) as s:
-            if len(s.refs.as_dict("runs/slots/")) >= 5:
+            if len(slot_runs(s)) >= 5:
                 break
         time.sleep(0.1)
     p.send_signal(signal.SIGKILL)
     p.wait()
     with mc.open(url) as s:
-        done = len(s.refs.as_dict("runs/slots/"))
+        done = len(slot_runs(s))
         assert 5 <= done < 40
     again = _cli(tmp_path, tree, url)
     _, err = again.communicate(timeout=300)
@@ -313,7 +316,7 @@ def test_a_stale_claim_of_a_finished_slot_is_swept(
     agent = find_agent(tree / "bench", "baseline")
     _run(store, tree, agent, tmp_path, arms=["no-perception"])
     assert not store.refs.as_dict("runs/claims/")
-    done = sorted(store.refs.as_dict("runs/slots/"))
+    done = sorted(slot_runs(store))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its pid names no process now
     host = socket.gethostname()

@@ -17,6 +17,7 @@ from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.records import RunRecord
 from medomni_cas.bench.scorer import jobs_of, score_jobs
+from medomni_cas.bench.slottables import slot_runs
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests._sets import small_tree
 from tests.test_backends import BUCKET, s3_endpoint  # noqa: F401 - a fixture
@@ -47,7 +48,7 @@ def _flow(store: mc.Store, tree: Path, runs: Path) -> tuple[mc.ObjectId, dict[st
 def _outcome(store: mc.Store) -> tuple[mc.ObjectId, dict[str, tuple], list]:  # type: ignore[type-arg]
     view = show_set(store, SET)
     index = {}
-    for name, rid in store.refs.items("runs/slots/"):
+    for name, rid in slot_runs(store).items():
         run = store.get(rid, RunRecord)
         answer = store.read_blob(run.answer) if run.answer else None
         index[name] = (run.atom, run.outcome, run.attempt, answer)

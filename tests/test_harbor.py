@@ -33,8 +33,10 @@ from medomni_cas.bench.agents import find_agent, load_agent
 from medomni_cas.bench.harness import CheckFailed, run_set
 from medomni_cas.bench.records import RunRecord, slot_id
 from medomni_cas.bench.scorer import PartialScore, jobs_of, score_jobs
+from medomni_cas.bench.slottables import slot_runs
 from medomni_cas.studio.records import AnswerKey, BuildResult
 from medomni_cas.studio.tasksets import build_set, show_set
+from tests._slots import forget_run
 from tests.docker_engine import Engine
 
 pytest.importorskip("harbor")
@@ -322,10 +324,10 @@ def test_baseline_and_replay_run_in_harbor_score_and_audit(
     # from Harbor's result.json, not run again: ours agrees with Harbor's resume
     lost = nop[0]
     ref = f"runs/slots/{lost.slot}"
-    store.refs.remove_if_equals(ref, store.refs.get(ref), "simulate a harness killed")
+    forget_run(store, bytes.fromhex(lost.slot))  # simulate a harness killed
     third = _run(store, tree, tmp_path, engine, "baseline", arms=["no-perception"])
     assert third.ran == 1
-    assert store.get(store.refs.get(ref), RunRecord).run_id == lost.run_id  # the same run
+    assert store.get(slot_runs(store)[ref], RunRecord).run_id == lost.run_id  # the same run
     nop_folder = report.jobs[0].folder
     assert len(_trial_results(nop_folder)) == SLOTS_PER_ARM  # no new trial
 
@@ -547,7 +549,7 @@ def test_a_killed_job_resumes_without_loss_or_duplicates(
     done = 0
     while time.monotonic() < deadline and p.poll() is None:
         with mc.open(url) as s:
-            done = len(s.refs.as_dict("runs/slots/"))
+            done = len(slot_runs(s))
         if done >= 3:
             break
         time.sleep(0.1)
@@ -555,7 +557,7 @@ def test_a_killed_job_resumes_without_loss_or_duplicates(
     p.send_signal(signal.SIGKILL)
     p.wait()
     with mc.open(url) as s:
-        done = len(s.refs.as_dict("runs/slots/"))
+        done = len(slot_runs(s))
     assert 3 <= done < SLOTS_PER_ARM, done
     # the killed run's containers are still there; the next run removes them
     again = _cli(tmp_path, tree, url, engine)

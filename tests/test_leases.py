@@ -24,6 +24,7 @@ from medomni_cas.bench.harness import interrupts
 from medomni_cas.bench.harness.claims import Holder, Lease, LeaseLost
 from medomni_cas.bench.harness.interrupts import Interrupted
 from medomni_cas.bench.records import JobRecord, RunRecord
+from medomni_cas.bench.slottables import slot_runs
 from medomni_cas.store.host import process_start
 from medomni_cas.studio.tasksets import build_set
 from tests._sets import small_tree
@@ -315,7 +316,7 @@ class Bench:
 
     def refs(self, prefix: str) -> dict[str, mc.ObjectId]:
         with mc.open(self.url) as s:
-            return s.refs.as_dict(prefix)
+            return slot_runs(s) if prefix == "runs/slots/" else s.refs.as_dict(prefix)
 
     def wait_for_runs(self, n: int, p: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + 120
@@ -333,7 +334,7 @@ class Bench:
         """The runs the slots point at (a harness killed between writing a run and moving
         its slot's ref leaves that run unreachable: not recorded, and gc's to remove)."""
         with mc.open(self.url) as s:
-            return [s.get(o, RunRecord) for o in s.refs.as_dict("runs/slots/").values()]
+            return [s.get(o, RunRecord) for o in slot_runs(s).values()]
 
     def assert_every_slot_ran_once(self) -> None:
         runs = self.runs()

@@ -17,6 +17,7 @@ from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.records import RunRecord
 from medomni_cas.bench.scorer import jobs_of, score_jobs
+from medomni_cas.bench.slottables import slot_runs
 from medomni_cas.cli.main import main
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests._sets import small_tree
@@ -59,7 +60,7 @@ def _run(built: Path, tmp: Path, concurrency: int) -> tuple[object, ...]:
         assert report.complete and report.ran == SLOTS
         assert not store.refs.as_dict("runs/claims/")
         index = {}
-        for name, rid in store.refs.items("runs/slots/"):
+        for name, rid in slot_runs(store).items():
             run = store.get(rid, RunRecord)
             answer = store.read_blob(run.answer) if run.answer else None
             calls = run.agent_block.encoder_calls
@@ -105,4 +106,4 @@ def test_a_concurrency_below_one_exits_2_naming_the_option(
     assert code == 2
     assert f"--concurrency must be at least 1 trial at once, got {n}" in capsys.readouterr().err
     with mc.open(f"lmdb://{tmp_path / 'store'}") as s:
-        assert not s.refs.as_dict("runs/slots/")  # nothing ran
+        assert not slot_runs(s)  # nothing ran

@@ -23,6 +23,7 @@ from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.records import RunRecord
 from medomni_cas.bench.scorer import jobs_of, score_jobs
+from medomni_cas.bench.slottables import slot_runs
 from medomni_cas.store.sync import push
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests._sets import small_tree
@@ -63,7 +64,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _outcome(store: mc.Store) -> tuple[object, ...]:
     index = {}
-    for name, rid in store.refs.items("runs/slots/"):
+    for name, rid in slot_runs(store).items():
         run = store.get(rid, RunRecord)
         answer = store.read_blob(run.answer) if run.answer else None
         index[name] = (run.atom, run.outcome, run.attempt, answer, run.predictions)
@@ -99,7 +100,7 @@ def test_four_workers_on_one_s3_store_one_killed(
     procs = [worker(i) for i in range(WORKERS)]
     with mc.open(url) as store:
         deadline = time.monotonic() + 300
-        while len(store.refs.as_dict("runs/slots/")) < 3:  # mid-run
+        while len(slot_runs(store)) < 3:  # mid-run
             assert time.monotonic() < deadline, "no runs recorded"
             assert procs[0].poll() is None, procs[0].communicate()[1].decode()
             time.sleep(0.1)

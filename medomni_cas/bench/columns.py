@@ -43,8 +43,10 @@ from medomni_cas.bench.refnames import answers_ref
 from medomni_cas.bench.schemas import PREDICTION_COLUMNS, PREDICTION_SCHEMA
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
+from medomni_cas.store.blobs import blob_object
 from medomni_cas.store.encoding import Record
 from medomni_cas.store.ids import ObjectId
+from medomni_cas.store.objects import CHUNK_SIZE
 from medomni_cas.store.store import Store
 from medomni_cas.studio.arms import arm_label
 from medomni_cas.studio.records import (
@@ -227,14 +229,23 @@ def column_bytes(name: str, array: pa.Array) -> bytes:
 
 
 def put_columns(store: Store, arrays: dict[str, pa.Array]) -> dict[str, ObjectId]:
-    """Store each column that is not null throughout (the key's always) as its own blob."""
+    """Store each column that is not null throughout (the key's always) as its own blob;
+    the small ones in one batch (on a remote store one pack, not a request each)."""
     out = {}
+    small: list[tuple[ObjectId | None, bytes]] = []
     for name, array in arrays.items():
         if name not in KEY_COLUMNS and array.null_count == len(array):
             continue
         if name in _DICTIONARY and not pa.types.is_dictionary(array.type):
             array = array.dictionary_encode()
-        out[name] = store.put_blob(column_bytes(name, array))
+        data = column_bytes(name, array)
+        if len(data) > CHUNK_SIZE:
+            out[name] = store.put_blob(data)  # chunked: its chunks are written first
+            continue
+        oid, raw = blob_object(data)
+        small.append((oid, raw))
+        out[name] = oid
+    store.put_raw_many(small)
     return out
 
 

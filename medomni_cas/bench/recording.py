@@ -4,7 +4,10 @@ is made here, and nowhere else.
 * `judge_answer`: the harness's verdict on a trial's answer (JSON, the format check, the
   served model), which may turn a runner's "answered" into "malformed" or "agent-failed".
 * `record_trial`: one trial as a run (answer, predictions, encoder call log, logs) and the
-  slot's ref ``runs/slots/<slot>`` moved to it; returns the run's id and record.
+  slot's ref ``runs/slots/<slot>`` moved to it; returns the run's id and record. Given a
+  `RunBatch`, its objects are added to the batch and no ref moves: the harness writes a
+  batch of runs as one pack and records them in their chunk's table
+  (`medomni_cas.bench.harness.chunkclaims`).
 * `record_job`: a job's final runs as a `JobRecord` with its `PredictionColumns`, and its
   ref ``runs/jobs/<key>``; returns the job's id.
 
@@ -35,12 +38,13 @@ from medomni_cas.bench.runners import Job, Trial, TrialSpec
 from medomni_cas.bench.secrets import redactor
 from medomni_cas.store import encoding
 from medomni_cas.store.blobs import blob_object
+from medomni_cas.store.encoding import TREE
 from medomni_cas.store.ids import ObjectId, hash_bytes
-from medomni_cas.store.objects import CHUNK_SIZE
+from medomni_cas.store.objects import CHUNK_SIZE, Tree
 from medomni_cas.store.store import Store
 from medomni_cas.studio.records import SCORES_KEY
 
-__all__ = ["judge_answer", "record_job", "record_trial"]
+__all__ = ["RunBatch", "judge_answer", "record_job", "record_trial"]
 
 
 def judge_answer(
@@ -131,11 +135,34 @@ def _predictions(
     ]
 
 
+class RunBatch:
+    """The objects of runs not written yet, to be put in one `Store.put_raw_many` (which
+    writes children first): on a remote store a batch of runs costs a pack, not requests
+    per run."""
+
+    def __init__(self) -> None:
+        self.items: dict[ObjectId, bytes] = {}
+
+    def add(self, data: bytes) -> ObjectId:
+        oid = hash_bytes(data)
+        self.items[oid] = data
+        return oid
+
+    def write(self, store: Store) -> list[tuple[ObjectId, bytes]]:
+        """Put the batch's objects in ``store``, empty it; the objects written."""
+        items = list(self.items.items())
+        if items:
+            store.put_raw_many(items)
+        self.items.clear()
+        return items
+
+
 class _Leaves:
     """Objects that link nothing new (blobs, prediction records), put in one batch."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, batch: RunBatch | None = None) -> None:
         self.store = store
+        self.batch = batch
         self.items: list[tuple[ObjectId, bytes]] = []
 
     def blob(self, data: bytes) -> ObjectId:
@@ -155,7 +182,9 @@ class _Leaves:
         return out
 
     def write(self) -> None:
-        if self.items:
+        if self.batch is not None:
+            self.batch.items.update(self.items)
+        elif self.items:
             self.store.put_raw_many(dict(self.items).items())
 
 
@@ -166,17 +195,19 @@ def record_trial(
     trial: Trial,
     task_set: ObjectId,
     previous: ObjectId | None,
+    batch: RunBatch | None = None,
 ) -> tuple[ObjectId, RunRecord]:
     """Record ``trial``, the run of ``spec``'s slot after run ``previous`` (None for its
     first), and move the slot's ref to it; the run's id and record. The agent config's
-    secrets are redacted from the trial first (`medomni_cas.bench.secrets`), in place."""
+    secrets are redacted from the trial first (`medomni_cas.bench.secrets`), in place.
+    With ``batch`` the run's objects are added to it (not written) and no ref moves."""
     redactor(job.agent).trial(trial)
     outcome, values, errors = judge_answer(spec, trial, job.agent)
     run_id = f"{spec.slot.hex()}-{trial.attempt}"
     calls = trial.encoder_calls
     # the run's leaves (answer, predictions, call log, log files) as one batch: on a remote
     # store one pack, not a request each; then the log tree, then the record that links all
-    leaves = _Leaves(store)
+    leaves = _Leaves(store, batch)
     answer_id = leaves.blob(trial.answer) if trial.answer is not None else None
     pred_ids = leaves.records(_predictions(run_id, spec, values, job.agent.kind))
     log_id = None
@@ -187,7 +218,12 @@ def record_trial(
     ok, why = (True, "")
     if job.encoders != "none" or calls:
         ok, why = meets_arm(job.encoders, calls)
-    logs = store.put_tree(log_files) if log_files else None
+    if not log_files:
+        logs = None
+    elif batch is None:
+        logs = store.put_tree(log_files)
+    else:  # its entries are in the batch: written before it (children first)
+        logs = batch.add(encoding.encode_object(TREE, 1, dict(Tree(log_files).items())))
     record = RunRecord(
         run_id=run_id,
         slot=spec.slot.hex(),
@@ -231,6 +267,8 @@ def record_trial(
         logs=logs,
         predictions=tuple(pred_ids),
     )
+    if batch is not None:
+        return batch.add(encoding.encode(record)), record
     rid = store.put(record)
     store.refs.set(
         slot_ref(spec.slot), rid, expected=previous, message=f"{outcome} attempt {trial.attempt}"

@@ -4,11 +4,16 @@ Namespace
 ---------
 Each prefix, what its refs point at, and who moves them::
 
-    runs/slots/<slot hex>           the run slot's latest `RunRecord`      recording.record_trial
-    runs/claims/<slot hex>          a claim blob naming its holder         harness.claims
+    runs/slots/<slot hex>           the run slot's latest `RunRecord`      (stores written before
+                                    (read; no longer written)              chunks)
+    runs/chunks/<chunk hex>         the `SlotChunk` of a chunk of a job's   harness.chunkclaims
+                                    slots: the latest run of each (newer
+                                    than its runs/slots/ ref, if any)
+    runs/claims/<chunk hex>         a claim blob naming its holder         harness.claims
                                     "<host> <pid> <start> <nonce> <lease>"
                                     (before leases: "<host> <pid> <time>"),
-                                    create-only while the slot runs
+                                    create-only while the chunk runs
+                                    (before chunks: one per slot)
     runs/leases/<nonce>             a harness's heartbeat, a blob "<host>  harness.claims
                                     <pid> <start> <nonce> <lease> <time>"
                                     renewed every lease/3 while it works
@@ -38,6 +43,7 @@ from medomni_cas.store.ids import ObjectId, hash_bytes
 __all__ = [
     "AGENT_REFS",
     "ANSWER_REFS",
+    "CHUNK_REFS",
     "CLAIM_REFS",
     "COMPARISON_REFS",
     "EVIDENCE_REFS",
@@ -48,6 +54,7 @@ __all__ = [
     "SLOT_REFS",
     "agent_ref",
     "answers_ref",
+    "chunk_ref",
     "claim_ref",
     "comparison_ref",
     "evidence_ref",
@@ -61,6 +68,7 @@ __all__ = [
 
 SLOT_REFS = "runs/slots/"
 CLAIM_REFS = "runs/claims/"
+CHUNK_REFS = "runs/chunks/"
 JOB_REFS = "runs/jobs/"
 JOB_NAME_REFS = "runs/job-names/"
 LEASE_REFS = "runs/leases/"
@@ -74,6 +82,11 @@ EVIDENCE_REFS = "scores/evidence/"
 def slot_ref(slot: bytes) -> str:
     """``runs/slots/<slot hex>``: the slot's latest run (`Refs.get_many_by_id` reads a batch)."""
     return f"{SLOT_REFS}{slot.hex()}"
+
+
+def chunk_ref(chunk: bytes) -> str:
+    """``runs/chunks/<chunk hex>``: the table of a chunk's latest runs (`bench.slottables`)."""
+    return f"{CHUNK_REFS}{chunk.hex()}"
 
 
 def claim_ref(slot: bytes) -> str:

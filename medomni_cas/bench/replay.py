@@ -11,13 +11,14 @@ own outcome, naming the slot it looked for.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 from medomni_cas.bench.process import now_iso
-from medomni_cas.bench.records import RunRecord, slot_id
-from medomni_cas.bench.refnames import agent_ref, slot_ref
+from medomni_cas.bench.records import RunRecord, slot_digests
+from medomni_cas.bench.refnames import agent_ref
 from medomni_cas.bench.runners import Job, Runner, RunnerError, Trial
+from medomni_cas.bench.slottables import latest_run
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.store import Store
 
@@ -25,12 +26,23 @@ __all__ = ["ReplayRunner", "source_run"]
 
 
 def source_run(
-    store: Store, source: ObjectId, atom: ObjectId, arm_label: str, repetition: int
+    store: Store,
+    source: ObjectId,
+    atom: ObjectId,
+    arm_label: str,
+    repetition: int,
+    atoms: Sequence[ObjectId] = (),
 ) -> RunRecord | None:
     """The run a replay repeats: the final run of agent config ``source``'s slot for
-    ``atom`` under ``arm_label`` at ``repetition``, else at repetition 1; None if neither ran."""
+    ``atom`` under ``arm_label`` at ``repetition``, else at repetition 1; None if neither ran.
+
+    ``atoms`` are the job's atoms in order (`Job.atoms`), of which the slots' chunks are
+    made (`medomni_cas.bench.slottables`); without them only the per-slot refs of stores
+    written before chunks are found."""
+    order = list(atoms) if atom in atoms else [atom]
+    i = order.index(atom)
     for rep in dict.fromkeys((repetition, 1)):
-        last = store.refs.get(slot_ref(slot_id(atom, source, arm_label, rep)))
+        last = latest_run(store, slot_digests(order, source, arm_label, rep), i)
         if last is not None:
             return store.get(last, RunRecord)
     return None
@@ -66,7 +78,9 @@ class ReplayRunner(Runner):
         source = self._source(job)
         for spec in job.trials:
             started, t0 = now_iso(), time.monotonic()
-            run = source_run(job.store, source, spec.atom_id, job.arm_label, job.repetition)
+            run = source_run(
+                job.store, source, spec.atom_id, job.arm_label, job.repetition, job.atoms
+            )
             trial = Trial(
                 slot=spec.slot,
                 attempt=spec.attempt,

@@ -85,6 +85,9 @@ class Job:
     #: Set by the harness for a runner that `Runner.claims_each`: call it just before
     #: starting a trial, and skip the trial when it says False (another harness has it).
     claim: Callable[[TrialSpec], bool] | None = None
+    #: Every atom of the job's arm, in order: its slots' chunks are made of them
+    #: (`medomni_cas.bench.slottables`); a replay finds its source's runs with them.
+    atoms: tuple[ObjectId, ...] = ()
 
     @property
     def arm_label(self) -> str:

@@ -160,6 +160,12 @@ class Backend(ABC):
         """The keys that are not stored, in order."""
         return [k for k in keys if not self.contains(k)]
 
+    def visible_together(self, sizes: Sequence[int]) -> bool:
+        """Whether one ``put_many`` of objects of these sizes makes them all visible at once
+        or none (a pack on a remote store), so that objects linking each other may go in
+        one call rather than children first. Default: False (each key on its own)."""
+        return False
+
     def ref_get_many(self, names: Sequence[str]) -> list[bytes | None]:
         """What each ref points to (None where absent), in order.
 

@@ -166,7 +166,8 @@ class Store:
         Every item is validated before any is written: a bad one raises `IntegrityError`
         (wrong id) or `InvalidObject` (not canonical) and nothing from the call is stored.
         Items that link each other are written children first, whatever their order here
-        (`_order.levels`), so a writer killed part way leaves no object without its links.
+        (`_order.levels`), so a writer killed part way leaves no object without its links;
+        or all in one write where the backend makes them visible together (a pack).
         """
         checked: list[tuple[ObjectId, bytes]] = []
         linking: list[int] = []  # the items that may link others (not blobs)
@@ -182,7 +183,10 @@ class Store:
                 linking.append(len(checked))
             checked.append((oid, bytes(data)))
         order: list[list[int]] = [list(range(len(checked)))]
-        if linking and len(checked) > 1:
+        together = len(checked) <= _BATCH and self.backend.visible_together(
+            [len(d) for _, d in checked]
+        )
+        if linking and len(checked) > 1 and not together:
             node = {oid: i for i, (oid, _) in enumerate(checked)}
             kids: list[list[int]] = [[] for _ in checked]
             for i in linking:

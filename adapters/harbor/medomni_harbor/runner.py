@@ -385,7 +385,9 @@ class HarborRunner(Runner):
         if source is None:
             return
         for spec in job.trials:
-            run = source_run(job.store, source, spec.atom_id, job.arm_label, job.repetition)
+            run = source_run(
+                job.store, source, spec.atom_id, job.arm_label, job.repetition, job.atoms
+            )
             if run is not None and run.answer is not None:
                 (folder / f"{task_name(spec)}.json").write_bytes(job.store.read_blob(run.answer))
                 (folder / f"{task_name(spec)}.run").write_text(run.run_id + "\n")

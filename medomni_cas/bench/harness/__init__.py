@@ -6,10 +6,12 @@
    service, an image).
 2. Runs one job per arm (and rung) x repetition, slot by slot. A run slot's id is
    ``hash(atom, agent config, arm label, repetition)``; ``runs/slots/<slot>`` points at its
-   latest run, so resuming is one ref read per slot. A slot is claimed before it runs, under
-   a lease its harness keeps alive with a heartbeat (`harness.claims`), so two harnesses on
-   one store never run it twice, and the slots of a harness that died are taken over once
-   its lease lapses.
+   latest run (in stores written before chunks), and ``runs/chunks/<chunk>`` the latest run
+   of each slot of a chunk of the job (`medomni_cas.bench.slottables`), so resuming is a
+   batch of ref and table reads. A chunk of slots is claimed before its slots run, under a
+   lease its harness keeps alive with a heartbeat (`harness.claims`), so two harnesses on
+   one store never run a slot twice, and the chunks of a harness that died are taken over
+   once its lease lapses; runs are recorded in batches (`harness.chunkclaims`).
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
    then writes the run folder as a view, and the call's `JobReport` in it (``report.json``);
    files a runner kept there have the agent config's secrets redacted
@@ -45,9 +47,9 @@ from medomni_cas.bench.harness.checks import (
     check_posix_permissions,
     check_routes,
 )
+from medomni_cas.bench.harness.chunkclaims import Committed, JobClaims
 from medomni_cas.bench.harness.claims import DEFAULT_LEASE, Holder, Lease, LeaseLost
 from medomni_cas.bench.harness.interrupts import Interrupted
-from medomni_cas.bench.harness.slotclaims import JobClaims
 from medomni_cas.bench.recording import record_job, record_trial
 from medomni_cas.bench.records import (
     AGENT_OUTCOMES,
@@ -58,11 +60,13 @@ from medomni_cas.bench.records import (
     RunRecord,
     slot_digests,
 )
-from medomni_cas.bench.refnames import SLOT_REFS, agent_ref, job_name_ref, job_ref
+from medomni_cas.bench.refnames import agent_ref, job_name_ref, job_ref
 from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.bench.scratch import SCRATCH_FOLDER
 from medomni_cas.bench.secrets import redactor
+from medomni_cas.bench.slottables import chunk_ids, latest_runs
+from medomni_cas.bench.stagecache import prefetch, remember, staging_store
 from medomni_cas.bench.trialpool import default_concurrency
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
@@ -230,19 +234,6 @@ def _rerun_chosen(state: RunState, rerun: Rerun) -> bool:
     )
 
 
-def _final_runs(
-    store: Store, slots: list[bytes], known: Mapping[bytes, ObjectId] | None = None
-) -> list[ObjectId]:
-    """The latest run of each slot that has one, in order; the refs this harness moved
-    itself (``known``) are not read again (on S3 a request each)."""
-    if not known:
-        return [rid for rid in store.refs.get_many_by_id(SLOT_REFS, slots) if rid is not None]
-    ask = [s for s in slots if s not in known]
-    read = dict(zip(ask, store.refs.get_many_by_id(SLOT_REFS, ask), strict=True))
-    runs = [known[s] if s in known else read[s] for s in slots]
-    return [rid for rid in runs if rid is not None]
-
-
 @dataclass
 class Resume:
     """Where a job's slots stand before it runs: the resume check's answer."""
@@ -270,7 +261,7 @@ def resume(
     final run's outcome, attempt and arm check (a view of its verified bytes); counts what
     is done. The loop is the hot path of resuming 100,000 slots: it stays flat."""
     slots = slot_digests(atoms, agent_config, arm_label, repetition)
-    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
+    lasts = latest_runs(store, slots)
     plan = Resume(slots, [])
     to_run = plan.to_run.append
     if shard is not None:
@@ -439,6 +430,7 @@ def run_set(
                 scratch=runs_dir / SCRATCH_FOLDER,
                 private=tuple(p for p in (studio, runs_dir) if p is not None),
                 concurrency=concurrency,
+                atoms=tuple(aid for aid, _ in atoms),
             )
             plan = resume(
                 store,
@@ -472,8 +464,13 @@ def run_set(
     try:
         # a signal waits for a check (between claims, before a trial) or the runner (which
         # it interrupts): a run is recorded whole or not at all, and each job with what ran
-        with interrupts.protected(), Lease(store, claim_timeout) as lease:
+        with (
+            interrupts.protected(),
+            staging_store(store, runs_dir) as stage,
+            Lease(store, claim_timeout) as lease,
+        ):
             for p in planned:
+                p.job.store = stage  # what runners read; the harness writes to ``store``
                 interrupts.check()
                 report.jobs.append(
                     _run_job(store, view, impl, p, runs_dir, lease, progress, fail_fast)
@@ -540,14 +537,35 @@ def _run_job(
     ran = infra = 0
     stopped = ""
     halted: Interrupted | LeaseLost | None = None
+    failed = False  # an error other than those is on its way out
     # the errors of this call's first runs, until one answers or fail_fast of them are in
     failures: list[str] = []
     watching = fail_fast > 0
-    lease.sweep(slots, {t.slot for t in job.trials})
-    claims = JobClaims(store, lease, planned.previous)
+    chunks = chunk_ids(slots)
+    running: set[bytes] = {bytes(t.slot) for t in job.trials}
+    running |= {c for s, c in zip(slots, chunks, strict=True) if s in running}
+    lease.sweep([*slots, *chunks], running)  # per-slot claims: harnesses before chunks
+    claims = JobClaims(store, lease, slots, planned.previous)
+    by_chunk: dict[bytes, list[TrialSpec]] = {}
+    for t in job.trials:
+        by_chunk.setdefault(claims.chunk_of[t.slot], []).append(t)
+    # the runner stages a chunk's tasks from a local copy, read in a few batches
+    claims.on_claim = lambda chunk: prefetch(job.store, by_chunk.get(chunk, []))
+    claims.on_write = lambda items: remember(job.store, items)
     recorded: dict[bytes, ObjectId] = {}  # slot -> the run this call recorded
     records: dict[ObjectId, RunRecord] = {}
     todo, total = job.trials, len(job.trials)
+
+    def done(committed: list[Committed]) -> None:
+        nonlocal ran, infra
+        for slot, rid, record in committed:
+            recorded[slot] = rid
+            records[rid] = record
+            ran += 1
+            infra += record.outcome == "infra-error"
+            if progress is not None:
+                progress(job.name, ran, total)
+
     try:
         while todo and not stopped:
             if impl.claims_each:
@@ -562,20 +580,16 @@ def _run_job(
                     impl.prepare(job)
             for stream in (impl.run(job), impl.collect(job)) if job.trials else ():
                 for trial in interrupts.each(stream, lease.check):
-                    spec = claims.specs.pop(trial.slot, None)
+                    spec = claims.specs.get(trial.slot)
                     if spec is None:
                         continue  # a runner reporting a slot twice, or one not ours
-                    if not lease.holds(trial.slot):
-                        continue  # our lease lapsed and another harness took it over
                     previous = planned.previous[trial.slot]
-                    rid, record = record_trial(store, job, spec, trial, view.task_set, previous)
-                    recorded[trial.slot] = rid
-                    records[rid] = record
-                    lease.release(trial.slot)
-                    ran += 1
-                    infra += trial.outcome == "infra-error"
-                    if progress is not None:
-                        progress(job.name, ran, total)
+                    rid, record = record_trial(
+                        store, job, spec, trial, view.task_set, previous, claims.batch
+                    )
+                    claims.add(spec, rid, record)
+                    if claims.due():
+                        done(claims.flush())
                     if watching:
                         if record.outcome == "answered" and record.agent_block.meets_arm:
                             watching = False  # it answers: no early stop for this job
@@ -590,6 +604,7 @@ def _run_job(
                     if close is not None:
                         close()  # the runner's clean-up: its trials in flight end
                     break
+            done(claims.close())  # recorded, and every chunk released, before any wait
             # slots other harnesses held: a runner that claims each slot waits for them, and
             # runs those whose holder died; the others report them held, as before
             todo = []
@@ -600,13 +615,21 @@ def _run_job(
                 todo = claims.retry()
     except (Interrupted, LeaseLost) as e:
         halted = e  # record what finished, then stop
+    except BaseException:
+        failed = True
+        raise
     finally:
         job.claim = None
-        for slot in claims.specs:
-            lease.release(slot)  # not run (runner stopped early): free for the next try
+        _close(claims, done, quiet=failed)  # what finished is recorded; the slots not run are free
     held = claims.holders()
     held_slots: set[bytes] = set(claims.waiting)
-    runs = _final_runs(store, slots, recorded)
+    # the latest run of each slot: those this call recorded, the others' read once
+    known = [recorded.get(s) for s in slots]
+    if None in known:
+        read = latest_runs(store, slots)
+        known = [recorded.get(s, last) for s, last in zip(slots, read, strict=True)]
+    latest = dict(zip(slots, known, strict=True))
+    runs = [rid for rid in known if rid is not None]
     assert view.build is not None  # run_set refuses a set without one
     jid = record_job(
         store,
@@ -630,9 +653,9 @@ def _run_job(
         infra_errors=infra,
         stopped=stopped,
     )
-    _count(store, planned, report, held_slots, recorded, records)
+    _count(store, planned, report, held_slots, latest, records)
     if runs:
-        write_run_folder(store, jid, job.folder)
+        write_run_folder(job.store, jid, job.folder)  # through the staging cache
     if job.folder.is_dir():
         # what a runner keeps there of its own (Harbor's trial folders) holds no secret either
         redact = redactor(job.agent)
@@ -643,6 +666,16 @@ def _run_job(
         halted.job = report
         raise halted
     return report
+
+
+def _close(claims: JobClaims, done: Callable[[list[Committed]], None], *, quiet: bool) -> None:
+    """`JobClaims.close` on the way out; with ``quiet`` (another error is on its way out,
+    the store gone, say) an error it raises does not hide that one."""
+    try:
+        done(claims.close())
+    except Exception:
+        if not quiet:
+            raise
 
 
 def report_json(report: JobReport) -> bytes:
@@ -659,20 +692,18 @@ def _count(
     planned: _Planned,
     report: JobReport,
     held: set[bytes],
-    recorded: Mapping[bytes, ObjectId] | None = None,
+    latest: Mapping[bytes, ObjectId | None],
     records: Mapping[ObjectId, RunRecord] | None = None,
 ) -> None:
     """Fill in where the slots in scope stand now: those done before as the resume check
-    found them, those planned to run as their refs say after the run (but those another
-    harness held, which the report counts as held)."""
+    found them, those planned to run as ``latest`` (each slot's latest run) says after the
+    run (but those another harness held, which the report counts as held)."""
     outcomes = dict(planned.plan.outcomes)
     report.unanswered = planned.plan.unanswered
     slots = [planned.plan.slots[i] for i, _, _ in planned.plan.to_run]
     slots = [s for s in slots if s not in held]
-    recorded, records = recorded or {}, records or {}
-    ask = [s for s in slots if s not in recorded]
-    read = dict(zip(ask, store.refs.get_many_by_id(SLOT_REFS, ask), strict=True))
-    lasts = [recorded[s] if s in recorded else read[s] for s in slots]
+    records = records or {}
+    lasts = [latest[s] for s in slots]
     # the runs this call recorded are known; only the others' are read
     states = run_states(store, [r for r in lasts if r is not None and r not in records])
     for rid, r in records.items():

@@ -334,6 +334,10 @@ class FsspecBackend(Backend):
             self.packs.write(forced, max(now_ms, *(where[k][3] + 1 for k, _ in forced)))
         return len(absent - present) + sum(1 for k, _ in small if k not in present)
 
+    def visible_together(self, sizes: Sequence[int]) -> bool:
+        # docstring inherited: a batch of small objects is one pack, seen once its index is
+        return len(sizes) >= PACK_MIN and max(sizes) < LOOSE_SIZE
+
     def _put_loose(self, items: list[tuple[bytes, bytes]]) -> set[bytes]:
         """Write loose objects that are absent (or stale); return the keys that were absent."""
         if not items:
@@ -418,6 +422,10 @@ class FsspecBackend(Backend):
     def ref_get_many(self, names: Sequence[str]) -> list[bytes | None]:
         # docstring inherited
         return self.ref_files.get_many(names)
+
+    def ref_get_prefixed(self, prefix: str, ids: Sequence[bytes]) -> list[bytes | None]:
+        # docstring inherited
+        return self.ref_files.get_prefixed(prefix, ids)
 
     def ref_iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         # docstring inherited

@@ -42,6 +42,8 @@ __all__ = ["MAX_ROUNDS", "RefFiles"]
 MAX_ROUNDS = 1000
 _MADE_LIMIT = 4096  # history entries of our own kept for chaining (a claim's release)
 _TOMBSTONE = b"-"
+_LIST_FROM = 4  # refs asked at once from which a listing first pays
+_PAGE = 1000  # keys per listing page (S3)
 
 
 def _dump_ref(value: bytes | None, seq: int) -> bytes:
@@ -118,6 +120,23 @@ class RefFiles:
             data = res[0]
             out.append(None if data is None else _parse_ref(data, path)[0])
         return out
+
+    def get_prefixed(self, prefix: str, ids: Sequence[bytes]) -> list[bytes | None]:
+        """`get_many` of ``prefix + id.hex()`` for each of ``ids``. For many ids, a listing
+        of the names under ``prefix`` first (a page per 1,000 refs, when it takes no more
+        pages than a thousandth of the ids), then only the refs that exist are read: a
+        resume check of slots never run costs a listing, not a request per slot."""
+        names = [prefix + raw.hex() for raw in ids]
+        if len(names) >= _LIST_FROM:
+            encoded = encode_ref_name(prefix)
+            first = encode_ref_name(names[0])
+            if not first.startswith("~") and first.startswith(encoded):  # names not hashed
+                listed = self.remote.names_starting(self.ref_path(encoded), len(names) // _PAGE + 1)
+                if listed is not None:
+                    ask = [n for n in names if self.ref_path(encode_ref_name(n)) in listed]
+                    got = dict(zip(ask, self.get_many(ask), strict=True))
+                    return [got.get(n) for n in names]
+        return self.get_many(names)
 
     def iter(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         """Every ``(name, id)`` whose name starts with ``prefix``, sorted by name."""

@@ -184,12 +184,23 @@ class Remote:
             return None
         return self._run(self._s3_list_pages, path, 1)
 
+    def names_starting(self, path: str, pages: int) -> set[str] | None:
+        """The full paths of the files whose path starts with ``path`` (a name's start, not
+        a folder), from at most ``pages`` listing pages; None when there are more, or where
+        a listing has no cheap pages (not s3)."""
+        if not self.is_s3:
+            return None
+        found, more = self._run(self._s3_list_pages, path, pages, False)
+        return None if more else set(found)
+
     async def _s3_list_pages(
-        self, path: str, pages: int | None
+        self, path: str, pages: int | None, folder: bool = True
     ) -> tuple[dict[str, dict[str, Any]], bool]:
-        """The files below ``path`` from at most ``pages`` pages; and whether there are more."""
+        """The files below ``path`` (or, not ``folder``, whose key starts with it) from at
+        most ``pages`` pages; and whether there are more."""
         bucket, key, _ = self.fs.split_path(path)
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key.rstrip("/") + "/" if key else ""}
+        prefix = (key.rstrip("/") + "/" if key else "") if folder else key
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
         out: dict[str, dict[str, Any]] = {}
         while True:
             page = await self.fs._call_s3("list_objects_v2", **kwargs)

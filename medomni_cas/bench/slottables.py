@@ -1,0 +1,133 @@
+"""Slot tables: the latest run of each slot of a chunk of a job, under one ref per chunk.
+
+Why
+---
+On an object store each ref update costs three requests and there is no conditional write
+of many keys at once, so one ref per run slot (``runs/slots/<slot>``) costs a harness about
+ten requests per run (claim, slot ref, release). A job's slots are therefore grouped in
+chunks of `CHUNK_SLOTS` consecutive slots (in the arm's atom order); a harness claims a
+chunk at a time (`medomni_cas.bench.harness.chunkclaims`) and records the runs of a chunk
+as one `SlotChunk` record under ``runs/chunks/<chunk>``, moved by compare-and-swap: one
+ref update for a batch of runs.
+
+Reading
+-------
+`latest_runs` is what every reader of a slot's latest run calls (resume, the job report,
+the claims' re-check, replay): the per-slot refs of stores written before chunks, overlaid
+by the chunk tables (a chunk's entry is newer: a run recorded under chunks links the
+per-slot ref's run as its ``previous``). `slot_runs` lists every slot of a store that way.
+
+A chunk's id is ``hash("medomni.slot-chunk", its slots' ids)``: every harness of a job
+makes the same chunks from the same slots, so their claims exclude each other. The chunk
+size is part of the names on disk: it is forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from medomni_cas.bench.refnames import CHUNK_REFS, SLOT_REFS
+from medomni_cas.errors import InvalidObject, MedomniError
+from medomni_cas.store import encoding
+from medomni_cas.store.encoding import Record
+from medomni_cas.store.ids import ID_SIZE, ObjectId, hash_bytes
+from medomni_cas.store.store import Store
+
+__all__ = [
+    "CHUNK_SLOTS",
+    "SlotChunk",
+    "chunk_ids",
+    "chunk_table",
+    "latest_run",
+    "latest_runs",
+    "read_chunks",
+    "slot_runs",
+]
+
+#: Slots per chunk: a claim and a table per this many runs (forever: it names the chunks).
+CHUNK_SLOTS = 16
+
+
+class SlotChunk(Record, frozen=True, kw_only=True):
+    """The latest run of each slot of one chunk that has one recorded under chunks."""
+
+    __kind__ = "medomni.slot-chunk"
+
+    slots: bytes  # the 32-byte slot ids, concatenated, ascending
+    runs: tuple[ObjectId, ...]  # the latest run of each, in the same order
+
+    def entries(self) -> dict[bytes, ObjectId]:
+        """Slot id -> its latest run."""
+        s = self.slots
+        if len(s) != ID_SIZE * len(self.runs):
+            raise InvalidObject(f"slot chunk: {len(s)} bytes of slots for {len(self.runs)} runs")
+        return {s[i * ID_SIZE : (i + 1) * ID_SIZE]: r for i, r in enumerate(self.runs)}
+
+
+def chunk_table(entries: Mapping[bytes, ObjectId]) -> SlotChunk:
+    """The table of ``entries`` (slot -> latest run), in its canonical order."""
+    order = sorted(entries)
+    return SlotChunk(slots=b"".join(order), runs=tuple(entries[s] for s in order))
+
+
+def chunk_ids(slots: Sequence[bytes]) -> list[bytes]:
+    """The chunk of each of a job's ``slots`` (all of them, in the arm's atom order)."""
+    out: list[bytes] = []
+    for i in range(0, len(slots), CHUNK_SLOTS):
+        part = slots[i : i + CHUNK_SLOTS]
+        chunk = bytes(hash_bytes(b"medomni.slot-chunk\0" + b"".join(part)))
+        out += [chunk] * len(part)
+    return out
+
+
+def read_chunks(
+    store: Store, chunks: Sequence[bytes]
+) -> list[tuple[ObjectId | None, dict[bytes, ObjectId]]]:
+    """Each chunk's table id (None: no table yet) and entries: one batch of ref reads, one
+    of verified object reads."""
+    if not chunks:
+        return []
+    tables = store.refs.get_many_by_id(CHUNK_REFS, list(chunks))
+    present = [t for t in dict.fromkeys(tables) if t is not None]
+    decoded: dict[ObjectId, dict[bytes, ObjectId]] = {}
+    for tid, data in store.get_raw_many(present):
+        try:
+            decoded[tid] = encoding.decode_body(data, SlotChunk).entries()
+        except InvalidObject as e:
+            raise MedomniError(f"slot chunk table {tid}: {e}") from None
+    return [(t, {} if t is None else decoded[t]) for t in tables]
+
+
+def latest_runs(store: Store, slots: Sequence[bytes]) -> list[ObjectId | None]:
+    """The latest run of each of a job's ``slots`` (all of them, in the arm's atom order;
+    None: never run): the per-slot refs overlaid by the chunk tables."""
+    if not slots:
+        return []
+    lasts = store.refs.get_many_by_id(SLOT_REFS, slots)
+    chunks = chunk_ids(slots)
+    unique = list(dict.fromkeys(chunks))
+    tables = dict(zip(unique, (e for _, e in read_chunks(store, unique)), strict=True))
+    return [tables[c].get(s, last) for s, c, last in zip(slots, chunks, lasts, strict=True)]
+
+
+def latest_run(store: Store, slots: Sequence[bytes], i: int) -> ObjectId | None:
+    """`latest_runs` of slot ``slots[i]`` alone (a job's ``slots``: its chunk is made of
+    them): its per-slot ref and its chunk's table."""
+    start = i - i % CHUNK_SLOTS
+    chunk = chunk_ids(slots[start : start + CHUNK_SLOTS])[0]
+    entries = read_chunks(store, [chunk])[0][1]
+    last = entries.get(bytes(slots[i]))
+    if last is None:
+        last = store.refs.get_many_by_id(SLOT_REFS, [slots[i]])[0]
+    return last
+
+
+def slot_runs(store: Store) -> dict[str, ObjectId]:
+    """Every slot of the store with a run, as ``runs/slots/<slot hex>`` -> its latest run:
+    the per-slot refs overlaid by every chunk table."""
+    out = dict(store.refs.items(SLOT_REFS))
+    tables = [t for _, t in store.refs.items(CHUNK_REFS)]
+    for _, data in store.get_raw_many(tables):
+        for slot, run in encoding.decode_body(data, SlotChunk).entries().items():
+            out[f"{SLOT_REFS}{slot.hex()}"] = run
+    return dict(sorted(out.items()))
