@@ -13,6 +13,8 @@ import contextlib
 import io
 import json
 import math
+import os
+import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ from medomni_cas.bench.contrasts import (
 )
 from medomni_cas.bench.paired_stats import holm
 from medomni_cas.bench.records import JobRecord, PredictionRecord, RunRecord
-from medomni_cas.bench.refnames import comparison_ref
+from medomni_cas.bench.refnames import EVIDENCE_REFS, comparison_ref, evidence_ref
 from medomni_cas.bench.scorer import jobs_of, score_jobs
 from medomni_cas.cli import main
 from medomni_cas.store.ids import ObjectId
@@ -429,3 +431,40 @@ def test_score_writes_confusion_plots_when_asked(
     stem = "confusion--baseline--synth-ehr_ckd-staging_n20--ckd_stage"
     assert made == {"results.json", "results.parquet", f"{stem}.png", f"{stem}.svg"}
     assert f"{stem}.png" in capsys.readouterr()[0]
+
+
+def test_the_harness_keeps_each_builds_evidence_column(store: mc.Store) -> None:
+    """`bench run` keeps each build's evidence ids (in atom order) for the comparer, so the
+    first compare of a set reads no atom; the column is the atoms' own."""
+    view = show_set(store, SET)
+    assert view.build is not None
+    entries = store.get(view.build, SetBuild).entries
+    assert entries
+    for e in entries:
+        result = store.get(e.result, BuildResult)
+        kept = store.refs.get(evidence_ref(e.result))
+        assert kept is not None, e.pair
+        atoms = dict(store.get_many(result.atoms, AtomTask))
+        assert store.read_blob(kept) == b"".join(atoms[a].evidence for a in result.atoms)
+
+
+def test_a_forged_evidence_column_fails_verify(
+    capsys: pytest.CaptureFixture[str], world: World, tmp_path: Path
+) -> None:
+    """The kept column is a cache: a compare that trusted a forged one (every atom's
+    evidence made another, so no patient pairs) is found by `audit verify`, which reads the
+    atoms themselves."""
+    copy = tmp_path / "store"
+    shutil.copytree(world.url.removeprefix("lmdb://"), copy)
+    url = f"lmdb://{copy}"
+    with mc.open(url) as s:
+        for name, blob in s.refs.items(EVIDENCE_REFS):
+            data = s.read_blob(blob)
+            forged = s.put_blob(os.urandom(len(data)))
+            s.refs.set(name, forged, expected=blob, message="forged")
+    args = ["bench", "compare", SET, "--store", url, "--out", str(tmp_path / "out"), "--json"]
+    assert main([*args, "--n-boot", str(N_BOOT)]) == 0
+    comparison = json.loads(capsys.readouterr()[0])["comparison"]
+    assert comparison != world.data["comparison"]  # the forged pairing was used
+    code, report = _verify(capsys, url, comparison)
+    assert code == 1 and not report["ok"], report

@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 
 from medomni_cas.bench.columns import ArmRows, Truths, arm_rows
 from medomni_cas.bench.comparisons import Comparison, ContrastRow
+from medomni_cas.bench.evidence import keep_column
 from medomni_cas.bench.metrics import METRICS
 from medomni_cas.bench.paired_stats import (
     holm,
@@ -276,9 +277,7 @@ class _Reader:
                     raise InvalidObject(f"atom task {oid}: {e}") from None
             data = b"".join(found[a] for a in ids)
             if self.cached:
-                blob = self.store.put_blob(data)
-                if kept != blob:
-                    self.store.refs.update(ref, lambda _old: blob, message="evidence")
+                keep_column(self.store, build, data)
         got = self.evidence[build] = _ids(data)
         return got
 

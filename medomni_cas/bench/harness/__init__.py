@@ -39,6 +39,7 @@ from typing import Literal, NamedTuple, get_args
 import msgspec
 
 from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
+from medomni_cas.bench.evidence import keep_evidence
 from medomni_cas.bench.harness import interrupts
 from medomni_cas.bench.harness.checks import (
     CheckFailed,
@@ -457,6 +458,9 @@ def run_set(
     if problems:
         raise CheckFailed(sorted(dict.fromkeys(problems)))
 
+    # the comparer's pairing reads each atom's evidence id: keep them now, from the atoms
+    # just verified and decoded, rather than have the first compare decode every atom again
+    keep_evidence(store, {r: [a for _, a in atoms] for r, atoms in built.items()})
     report = RunReport(view.task_set, agent_id, notices=notices)
     if store.refs.get(agent_ref(agent.name)) != agent_id:
         # harnesses of one set may start together: retry, the last config named wins
