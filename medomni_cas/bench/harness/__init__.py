@@ -74,6 +74,7 @@ from medomni_cas.store import encoding
 from medomni_cas.store.files import atomic_write
 from medomni_cas.store.ids import ObjectId, id_from_digest
 from medomni_cas.store.store import Store
+from medomni_cas.store.url import LOCAL_SCHEMES
 from medomni_cas.studio.arms import arm_builds, arm_label
 from medomni_cas.studio.records import AtomTask, FormatCheck, SetEntry
 from medomni_cas.studio.tasksets import SetView, show_set
@@ -549,7 +550,8 @@ def _run_job(
     running: set[bytes] = {bytes(t.slot) for t in job.trials}
     running |= {c for s, c in zip(slots, chunks, strict=True) if s in running}
     lease.sweep([*slots, *chunks], running)  # per-slot claims: harnesses before chunks
-    claims = JobClaims(store, lease, slots, planned.previous)
+    local = store.url.startswith((*LOCAL_SCHEMES, "memory://"))
+    claims = JobClaims(store, lease, slots, planned.previous, batched=not local)
     by_chunk: dict[bytes, list[TrialSpec]] = {}
     for t in job.trials:
         by_chunk.setdefault(claims.chunk_of[t.slot], []).append(t)

@@ -17,7 +17,8 @@ batch's objects at once (one pack on a remote store), then moves each chunk's ta
 compare-and-swap from the table this harness last saw, after checking that the chunk's
 claim is still its own. A lost race (a harness that took the chunk over after this one's
 lease lapsed recorded it meanwhile) is read again: runs of slots that moved are dropped, as
-a slot's run is recorded once. `flush` runs when `due`: a chunk's worth of runs, a chunk
+a slot's run is recorded once. `flush` runs when `due`: on a local store after every run;
+on a remote one (where each write is a request) after a chunk's worth of runs, a chunk
 whose runs are all in (its claim is then released), or runs waiting longer than a quarter
 of the lease; a harness killed before it loses at most those runs, which another harness
 runs again once the lease lapses.
@@ -73,6 +74,9 @@ class JobClaims:
     lease: Lease
     slots: list[bytes]
     previous: dict[ObjectId, ObjectId | None]
+    #: Whether finished runs wait to be recorded together (a remote store, where each write
+    #: is a request); on a local one each is recorded as it ends.
+    batched: bool = True
     #: Claimed by this harness and not recorded yet.
     specs: dict[ObjectId, TrialSpec] = field(default_factory=dict)
     #: Held by another live harness when last asked, with its holder.
@@ -175,6 +179,8 @@ class JobClaims:
         """Whether to `flush` now (see the module docstring)."""
         if not self._pending:
             return False
+        if not self.batched:
+            return True  # a harness killed then loses only its trials in flight
         if len(self._pending) >= CHUNK_SLOTS:
             return True
         if time.monotonic() - self._since >= self.lease.timeout / 4:
