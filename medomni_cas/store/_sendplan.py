@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import tempfile
 from collections.abc import Iterable
 from itertools import filterfalse
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import BinaryIO
 import lmdb
 
 from medomni_cas.store import _mapped
-from medomni_cas.store._spill import spill_bound
+from medomni_cas.store._spill import scratch_lmdb, spill_bound
 
 __all__ = ["HELD_BYTES", "SendPlan"]
 
@@ -38,7 +37,6 @@ __all__ = ["HELD_BYTES", "SendPlan"]
 HELD_BYTES = 32 << 20
 _VALUE = struct.Struct("<IQI")  # depth, offset of the bytes in the spool, their length
 _NONE = (1 << 64) - 1  # the offset of an object whose bytes are not held
-_MAP_SIZE = 1 << 40  # address space only
 _COMMIT_EVERY = 1 << 14  # ids changed per write transaction (its dirty list is bounded)
 
 
@@ -176,22 +174,7 @@ class SendPlan:
 
     def _spill(self) -> None:
         assert self._depth is not None
-        self._dir = Path(tempfile.mkdtemp(prefix="medomni-plan-"))
-        # writemap: the pages a write transaction dirties are the file's own, in the page
-        # cache (given back past a budget, `_mapped.note`), not a private copy per transaction
-        self._env = lmdb.open(
-            str(self._dir),
-            map_size=_MAP_SIZE,
-            subdir=True,
-            sync=False,
-            metasync=False,
-            lock=False,
-            readahead=False,
-            writemap=True,
-            meminit=False,
-            max_dbs=0,
-        )
-        _mapped.watch(self._dir / "data.mdb")
+        self._dir, self._env = scratch_lmdb("plan")
         self._spool = open(self._dir / "spool", "w+b")  # noqa: SIM115 (closed by close)
         depths, held = self._depth, self._held
         self._depth, self._held, self._nbytes = None, {}, 0

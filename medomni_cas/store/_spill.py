@@ -38,7 +38,7 @@ from medomni_cas.store import _mapped
 from medomni_cas.store._fast import unseen
 from medomni_cas.store.ids import ID_SIZE
 
-__all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "spill_bound"]
+__all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "scratch_lmdb", "spill_bound"]
 
 #: Ids held in memory by one set or list before it spills (about 13 MB as a set).
 DEFAULT_BOUND = 1 << 17
@@ -61,6 +61,28 @@ def spill_bound() -> int:
 
 def _scratch(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"medomni-{prefix}-"))
+
+
+def scratch_lmdb(prefix: str) -> tuple[Path, lmdb.Environment]:
+    """A fresh temporary LMDB (its folder under TMPDIR, the caller's to remove), opened for
+    speed over durability: it lives only as long as the walk or plan that spills to it."""
+    folder = _scratch(prefix)
+    env = lmdb.open(
+        str(folder),
+        map_size=_MAP_SIZE,
+        subdir=True,
+        sync=False,
+        metasync=False,
+        lock=False,
+        readahead=False,
+        # the pages a write transaction dirties are the file's own (page cache, given back
+        # past a budget with the rest, `_mapped.note`), not a private copy held until commit
+        writemap=True,
+        meminit=False,
+        max_dbs=0,
+    )
+    _mapped.watch(folder / "data.mdb")
+    return folder, env
 
 
 class MarkSet:
@@ -132,22 +154,7 @@ class MarkSet:
 
     def _spill(self) -> None:
         assert self._mem is not None
-        self._dir = _scratch("marks")
-        self._env = lmdb.open(
-            str(self._dir),
-            map_size=_MAP_SIZE,
-            subdir=True,
-            sync=False,
-            metasync=False,
-            lock=False,
-            readahead=False,
-            # the pages a write transaction dirties are the file's own (page cache, given
-            # back past a budget with the rest), not a private copy held until it commits
-            writemap=True,
-            meminit=False,
-            max_dbs=0,
-        )
-        _mapped.watch(self._dir / "data.mdb")
+        self._dir, self._env = scratch_lmdb("marks")
         keys = sorted(self._mem)  # appended in key order: dense pages, fast
         with self._env.begin(write=True) as txn:
             txn.cursor().putmulti(zip(keys, repeat(_MARK)), append=True)
