@@ -219,3 +219,47 @@ def test_mapped_pages_given_back_read_the_same(tmp_path: Path) -> None:
         assert _mapped.drop(tmp_path / "store" / "data.mdb") > 0, "the data file is not mapped"
         assert dict(store.get_raw_many(ids)) == before
         assert _mapped.drop(tmp_path / "nothing-mapped") == 0
+
+
+def test_a_stale_mapping_kept_between_drops_is_never_advised(tmp_path: Path) -> None:
+    """Where a file was mapped is kept between drops: a range since given to other memory
+    (here private memory of the test's own) must be looked up again, not zeroed."""
+    import ctypes
+    import mmap
+
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc/self/maps here: nothing is given back")
+    with mc.open(f"lmdb://{tmp_path / 'store'}") as store:
+        ids = [store.put_blob(os.urandom(1500)) for _ in range(300)]
+        before = dict(store.get_raw_many(ids))
+        data = os.path.realpath(tmp_path / "store" / "data.mdb")
+        assert _mapped.drop(data) > 0
+        mine = mmap.mmap(-1, 4 * mmap.PAGESIZE)  # private, anonymous: only this holds it
+        mine.write(b"kept" * mmap.PAGESIZE)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(mine))
+        _mapped._ranges[data] = [(start, start + len(mine))]
+        assert _mapped.drop(data) > 0, "the file's own mapping is found again"
+        assert mine[:8] == b"keptkept" and mine[-4:] == b"kept", "private memory was zeroed"
+        assert _mapped._ranges[data] != [(start, start + len(mine))]
+        assert dict(store.get_raw_many(ids)) == before
+        mine.close()
+
+
+def test_a_spilled_set_answers_by_lookup_and_by_scan_alike() -> None:
+    """Past the bound, membership is asked of the temporary LMDB by lookups (a few ids
+    spread over the key space) or by one pass of its cursor (a sorted chunk of a listing):
+    both answer as the set in memory does."""
+    ids = _ids(3000)
+    others = _ids(3000, "other")
+    with MarkSet(bound=1 << 30) as mem, MarkSet(bound=100) as disk:
+        for i in range(0, 3000, 250):
+            part = ids[i : i + 250] + ids[:i:7]  # new ids and ids met before
+            assert disk.unseen(part) == mem.unseen(part)
+        assert disk.spilled and len(disk) == len(mem) == 3000
+        spread = [ids[5], others[0], ids[2999], others[1]]
+        assert disk.absent(spread) == mem.absent(spread) == [others[0], others[1]]
+        listing = sorted(ids[:1500] + others[:1500])
+        chunk = listing[700:1100]  # a narrow key range: answered by the cursor
+        assert disk.absent(chunk) == mem.absent(chunk)
+        assert set(disk.absent(chunk)) == set(chunk) & set(others)
+        assert all(k in disk for k in ids[::97]) and not any(k in disk for k in others[:50])

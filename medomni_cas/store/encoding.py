@@ -41,12 +41,13 @@ from medomni_cas.store.ids import ID_SIZE, ObjectId
 __all__ = [
     "BLOB",
     "BLOB_PREFIX",
+    "KINDS_GROUP",
     "LINK_EXT",
     "LINK_MARK",
     "MAX_DEPTH",
-    "TREE",
     "Part",
     "Record",
+    "TREE",
     "View",
     "check_kind",
     "decode",
@@ -113,6 +114,10 @@ _REGISTRY: dict[str, dict[int, type[Record]]] = {}
 _RAW_KINDS = {BLOB: 1, TREE: 1}
 # (kind, version) -> the check of a generically decoded body (links as ObjectId)
 _BODY_CHECKS: dict[tuple[str, int], Callable[[Any], object]] = {}
+#: The entry-point group naming, for each record kind, the module that defines it.
+KINDS_GROUP = "medomni.kinds"
+_KIND_MODULES: dict[str, str] | None = None  # kind -> module, read from KINDS_GROUP once
+_LOOKED_UP: set[str] = set()  # kinds looked up there already (found or not)
 
 
 class Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -167,7 +172,35 @@ def is_kind_name(kind: str) -> bool:
 
 
 def record_class(kind: str, version: int) -> type[Record] | None:
-    return _REGISTRY.get(kind, {}).get(version)
+    """The class registered for ``kind`` v``version``; a kind not registered yet is looked
+    up once in the ``medomni.kinds`` entry points (kind -> the module defining it), and
+    that module imported: a store's check decodes every kind it knows by its class (the
+    fast path) whatever its caller happened to import."""
+    found = _REGISTRY.get(kind, {}).get(version)
+    if found is None and kind not in _LOOKED_UP:
+        _LOOKED_UP.add(kind)
+        if _import_kind(kind):
+            found = _REGISTRY.get(kind, {}).get(version)
+    return found
+
+
+def _import_kind(kind: str) -> bool:
+    """Import the module an entry point names for ``kind``; whether one was imported."""
+    global _KIND_MODULES
+    if _KIND_MODULES is None:
+        from importlib.metadata import entry_points
+
+        _KIND_MODULES = {ep.name: ep.value for ep in entry_points(group=KINDS_GROUP)}
+    module = _KIND_MODULES.get(kind)
+    if module is None:
+        return False
+    import importlib
+
+    try:
+        importlib.import_module(module.partition(":")[0])
+    except Exception:  # a broken plug-in: its kind is checked generically, as an unknown one
+        return False
+    return True
 
 
 def register_body_check(kind: str, version: int, check: Callable[[Any], object]) -> None:
