@@ -246,9 +246,8 @@ def test_a_stale_mapping_kept_between_drops_is_never_advised(tmp_path: Path) -> 
 
 
 def test_a_spilled_set_answers_by_lookup_and_by_scan_alike() -> None:
-    """Past the bound, membership is asked of the temporary LMDB by lookups (a few ids
-    spread over the key space) or by one pass of its cursor (a sorted chunk of a listing):
-    both answer as the set in memory does."""
+    """Past the bound, a set asked many times over (new ids and ids met before, a few ids
+    spread over the key space, a sorted chunk of a listing) answers as the set in memory."""
     ids = _ids(3000)
     others = _ids(3000, "other")
     with MarkSet(bound=1 << 30) as mem, MarkSet(bound=100) as disk:
@@ -259,7 +258,7 @@ def test_a_spilled_set_answers_by_lookup_and_by_scan_alike() -> None:
         spread = [ids[5], others[0], ids[2999], others[1]]
         assert disk.absent(spread) == mem.absent(spread) == [others[0], others[1]]
         listing = sorted(ids[:1500] + others[:1500])
-        chunk = listing[700:1100]  # a narrow key range: answered by the cursor
+        chunk = listing[700:1100]  # a narrow key range, as fsck and gc ask it
         assert disk.absent(chunk) == mem.absent(chunk)
         assert set(disk.absent(chunk)) == set(chunk) & set(others)
         assert all(k in disk for k in ids[::97]) and not any(k in disk for k in others[:50])

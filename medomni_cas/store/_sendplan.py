@@ -18,13 +18,14 @@ Either way the same answers: the tests force a tiny bound and compare.
 
 from __future__ import annotations
 
+import operator
 import os
 import shutil
 import struct
-from collections.abc import Iterable
-from itertools import filterfalse
+from collections.abc import Callable, Iterable
+from itertools import compress, filterfalse, repeat
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import lmdb
 
@@ -36,15 +37,16 @@ __all__ = ["HELD_BYTES", "SendPlan"]
 #: Bytes of objects held in memory by a plan before it spills.
 HELD_BYTES = 32 << 20
 _VALUE = struct.Struct("<IQI")  # depth, offset of the bytes in the spool, their length
+_DEPTH = struct.Struct("<I")  # the depth alone: the value's first field
 _NONE = (1 << 64) - 1  # the offset of an object whose bytes are not held
 _COMMIT_EVERY = 1 << 14  # ids changed per write transaction (its dirty list is bounded)
 
 
-def _unpacked(value: bytes | memoryview | None) -> tuple[int, int, int]:
-    if value is None:
+def _fields(values: list[bytes | None]) -> list[tuple[int, int, int]]:
+    """The (depth, offset, length) of each value read, in one C-level pass."""
+    if None in values:
         raise KeyError("an id the plan has not met")
-    depth, offset, length = _VALUE.unpack(value)
-    return depth, offset, length
+    return list(_VALUE.iter_unpack(b"".join(cast("list[bytes]", values))))
 
 
 class SendPlan:
@@ -89,24 +91,25 @@ class SendPlan:
             if len(known) > self.bound:
                 self._spill()
             return new, deeper
-        new, deeper = [], []
         fresh.sort()  # in key order: neighbouring pages of the tree
-        pack, unpack = _VALUE.pack, _VALUE.unpack
+        new, deeper = [], []
         for i in range(0, len(fresh), _COMMIT_EVERY):
+            part = fresh[i : i + _COMMIT_EVERY]
             with self._writing() as txn:
-                get, put = txn.get, txn.put
-                for n, key in enumerate(fresh[i : i + _COMMIT_EVERY], 1):
-                    if n % 256 == 0:
-                        _mapped.note(256)
-                    value = get(key)
-                    if value is None:
-                        put(key, pack(depth, _NONE, 0))
-                        new.append(key)
-                    elif deepen:
-                        was, offset, length = unpack(value)
-                        if was < depth:
-                            put(key, pack(depth, offset, length))
-                            deeper.append(key)
+                # C-level passes, not a Python call per id: what is there, then one
+                # sorted write of the new ids and one of the deepened ones
+                values = _mapped.each(txn.get, part)
+                fresh_here = list(compress(part, map(operator.is_, values, repeat(None))))
+                txn.cursor().putmulti(zip(fresh_here, repeat(_VALUE.pack(depth, _NONE, 0))))
+                new += fresh_here
+                if deepen:
+                    was = [(k, v) for k, v in zip(part, values, strict=True) if v is not None]
+                    moved = [(k, v) for k, v in was if _DEPTH.unpack_from(v)[0] < depth]
+                    if moved:
+                        txn.cursor().putmulti(
+                            (k, _DEPTH.pack(depth) + bytes(v[_DEPTH.size :])) for k, v in moved
+                        )
+                        deeper += [k for k, _ in moved]
         return new, deeper
 
     def lookup(self, ids: list[bytes]) -> list[tuple[int, bool]]:
@@ -115,13 +118,9 @@ class SendPlan:
             held = self._held
             return [(self._depth[k], k in held) for k in ids]
         assert self._env is not None
-        with self._env.begin(buffers=True) as txn:
-            values = _mapped.each(txn.get, ids)
-        out = []
-        for value in values:
-            depth, offset, _ = _unpacked(value)
-            out.append((depth, offset != _NONE))
-        return out
+        with self._env.begin() as txn:
+            fields = _fields(_mapped.each(txn.get, ids))
+        return [(depth, offset != _NONE) for depth, offset, _ in fields]
 
     # -- bytes -----------------------------------------------------------------------------
     def hold(self, items: list[tuple[bytes, bytes]]) -> None:
@@ -143,21 +142,24 @@ class SendPlan:
         self._end += len(blob)
         pack = _VALUE.pack
         for i in range(0, len(items), _COMMIT_EVERY):
+            part = items[i : i + _COMMIT_EVERY]
             with self._writing() as txn:
-                for key, data in items[i : i + _COMMIT_EVERY]:
-                    depth, offset, _ = _unpacked(txn.get(key))
+                get = cast("Callable[[bytes], bytes | None]", txn.get)  # one overload of it
+                fields = _fields(_mapped.each(get, [key for key, _ in part]))
+                placed = []
+                for (key, data), (depth, offset, _) in zip(part, fields, strict=True):
                     if offset == _NONE:
-                        txn.put(key, pack(depth, start, len(data)))
+                        placed.append((key, pack(depth, start, len(data))))
                     start += len(data)
-                _mapped.note(len(items[i : i + _COMMIT_EVERY]))
+                txn.cursor().putmulti(placed)
 
     def held(self, ids: list[bytes]) -> list[bytes]:
         """The bytes of ``ids`` (all held), in order."""
         if self._depth is not None:
             return list(map(self._held.__getitem__, ids))
         assert self._env is not None and self._spool is not None
-        with self._env.begin(buffers=True) as txn:
-            places = [_unpacked(v)[1:] for v in _mapped.each(txn.get, ids)]
+        with self._env.begin() as txn:
+            places = [(offset, length) for _, offset, length in _fields(_mapped.each(txn.get, ids))]
         self._spool.flush()
         fd = self._spool.fileno()
         out: list[bytes] = [b""] * len(ids)

@@ -7,10 +7,8 @@ are the plain set and list they were, at the same speed; past it they move to a
 temporary directory (``TMPDIR``), removed when they are closed:
 
 `MarkSet`
-    the ids met: a Python set; past the bound, the set is moved to a temporary LMDB (one
-    key per id, committed unsynced: it is scratch) in one sorted write and begun again,
-    with a fixed-size filter in front of the LMDB, so that a new id is looked up there
-    only when the filter cannot rule it out;
+    the ids met: a Python set, then a temporary LMDB (one key per id; a batch of ids is
+    asked and added in one write transaction, committed unsynced: it is scratch);
 `IdList`
     one level of a walk, iterated in batches in the order a walk reads it (stably sorted
     by first byte, which is LMDB's page order): a list, then runs appended to a file,
@@ -30,9 +28,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from itertools import compress, filterfalse, repeat, takewhile
+from itertools import compress, filterfalse, repeat
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO
 
 import lmdb
 
@@ -48,11 +46,8 @@ _ENV = "MEDOMNI_SPILL_IDS"
 _FIRST_BYTE = operator.itemgetter(0)
 _MAP_SIZE = 1 << 40  # address space only: the file grows as ids are added
 _MARK = b"1"  # the value of each id's key (any; not empty, so that a get's answer is truthy)
-_FILTER_BITS = 1 << 26  # a spilled set's filter: 8 MiB, about 1 in 200,000 false "maybe"
-# at a million ids, 1 in 20 at ten million
-_PROBES = 3  # bits per id in the filter: three of the id's own 32-bit words
-_SCAN_RATIO = 8  # a cursor's step costs about an eighth of a lookup's descent
-_IDS_PER_PAGE = 64  # keys of 32 bytes on a 4 KiB leaf page, about
+_COMMIT_EVERY = 1 << 14  # ids added per write transaction of a spilled set (its dirty
+# list is bounded; with writemap its pages are the file's, in the page cache)
 
 
 def spill_bound() -> int:
@@ -90,53 +85,17 @@ def scratch_lmdb(prefix: str) -> tuple[Path, lmdb.Environment]:
     return folder, env
 
 
-class _Filter:
-    """A Bloom filter of fixed size over ids (BLAKE3 digests: their own bits are the
-    probes, no hashing): `maybe` says which of a batch may be in it, and those it says
-    are not, are not. Its memory stays `_FILTER_BITS` / 8 bytes however many ids it holds;
-    past some ten million ids it says "maybe" more and more often, which costs only
-    lookups, never an answer."""
-
-    def __init__(self) -> None:
-        import numpy as np
-
-        self._np = np
-        self._bits = np.zeros(_FILTER_BITS // 8, dtype=np.uint8)
-
-    def _probes(self, ids: list[bytes]) -> Any:
-        np = self._np
-        words = np.frombuffer(b"".join(ids), dtype="<u4").reshape(len(ids), ID_SIZE // 4)
-        return words[:, :_PROBES] & np.uint32(_FILTER_BITS - 1)
-
-    def add(self, ids: list[bytes]) -> None:
-        if ids:
-            at = self._probes(ids).ravel()
-            self._np.bitwise_or.at(self._bits, at >> 3, (1 << (at & 7)).astype(self._np.uint8))
-
-    def maybe(self, ids: list[bytes]) -> list[bool]:
-        if not ids:
-            return []
-        at = self._probes(ids)
-        return cast("list[bool]", ((self._bits[at >> 3] >> (at & 7)) & 1).all(axis=1).tolist())
-
-
 class MarkSet:
-    """The ids a walk has met: `unseen` adds a batch and says which were new.
-
-    The newest ids (all of them, up to the bound) are a Python set; past the bound that set
-    is moved to the temporary LMDB in one sorted write, and a fixed-size filter over what is
-    there says which ids of a batch need a lookup at all: a walk's ids are mostly new, and a
-    new id then costs a set insertion, not a B-tree insertion (a spilled walk at about the
-    speed of one in memory)."""
+    """The ids a walk has met: `unseen` adds a batch and says which were new."""
 
     def __init__(self, bound: int | None = None) -> None:
         self.bound = spill_bound() if bound is None else bound
-        self._mem: set[bytes] = set()
+        self._mem: set[bytes] | None = set()
         self._dir: Path | None = None
         self._env: lmdb.Environment | None = None
-        self._filter: _Filter | None = None
-        self._old = 0  # ids moved to the temporary LMDB
-        self._txn: lmdb.Transaction | None = None  # the read transaction over it
+        self._n = 0
+        self._txn: lmdb.Transaction | None = None
+        self._pending = 0  # ids added in the open write transaction
 
     def __enter__(self) -> MarkSet:
         return self
@@ -149,54 +108,37 @@ class MarkSet:
         return self._env is not None
 
     def __len__(self) -> int:
-        return len(self._mem) + self._old
+        return len(self._mem) if self._mem is not None else self._n
 
     def __contains__(self, key: object) -> bool:
-        if key in self._mem:
-            return True
-        if self._env is None or not isinstance(key, bytes) or len(key) != ID_SIZE:
+        if self._mem is not None:
+            return key in self._mem
+        assert self._env is not None
+        if not isinstance(key, bytes) or not key:
             return False
-        return bool(self._older([key]))
-
-    def _older(self, ids: list[bytes]) -> set[bytes]:
-        """Those of ``ids`` (32 bytes each) in the temporary LMDB: the filter first, then a
-        lookup of those it cannot rule out, in key order."""
-        assert self._filter is not None
-        ask = sorted(compress(ids, self._filter.maybe(ids)))
-        if not ask:
-            return set()
-        if self._txn is None:
-            assert self._env is not None
-            self._txn = self._env.begin()
-        lo, hi = ask[0], ask[-1]
-        # ids are uniform, so about this many of the LMDB's lie between lo and hi: when
-        # they are few beside the lookups (a listing's chunk, asked by fsck and gc), one
-        # pass of the cursor over them is cheaper than a descent of the tree per id
-        between = self._old * (int.from_bytes(hi[:8]) - int.from_bytes(lo[:8])) >> 64
-        if between <= _SCAN_RATIO * len(ask):
-            cursor = self._txn.cursor()
-            if not cursor.set_range(lo):
-                return set()
-            keys = cast("Iterator[bytes]", cursor.iternext(values=False))  # not buffers
-            there = set(takewhile(hi.__ge__, keys))
-            _mapped.note(len(there) // _IDS_PER_PAGE + 1)
-            return there.intersection(ask)
-        got = _mapped.each(self._txn.get, ask)
-        return set(compress(ask, map(operator.is_not, got, repeat(None))))
+        return self._writing().get(key) is not None
 
     def unseen(self, ids: Iterable[bytes]) -> list[bytes]:
         """The ``ids`` not met before (each once, in the order of ``ids``), now met."""
-        if self._env is None:
+        if self._mem is not None:
             new = list(unseen(self._mem, list(ids)))
-        else:
-            fresh = list(filterfalse(self._mem.__contains__, dict.fromkeys(ids)))
-            if fresh and set(map(len, fresh)) != {ID_SIZE}:
-                raise ValueError("a spilled mark set holds 32-byte ids only")
-            met = self._older(fresh)
-            new = list(filterfalse(met.__contains__, fresh)) if met else fresh
-            self._mem.update(new)
-        if len(self._mem) > self.bound:
-            self._spill()
+            if len(self._mem) > self.bound:
+                self._spill()
+            return new
+        assert self._env is not None
+        fresh = list(dict.fromkeys(ids))
+        # two C-level passes, not a Python call per id: which are there, then the new
+        # ones added in key order (an append-like walk of the tree's pages)
+        txn = self._writing()
+        got = _mapped.each(txn.get, fresh)
+        new = list(compress(fresh, map(operator.is_, got, repeat(None))))
+        if new:
+            txn.cursor().putmulti(zip(sorted(new), repeat(_MARK)), dupdata=False)
+            self._pending += len(new)
+            if self._pending >= _COMMIT_EVERY:
+                self._commit()
+        self._n += len(new)
+        self._dropped(len(new))
         return new
 
     def add(self, ids: Iterable[bytes]) -> None:
@@ -204,38 +146,42 @@ class MarkSet:
 
     def absent(self, keys: list[bytes]) -> list[bytes]:
         """Those of ``keys`` not met, in order (repeats kept)."""
-        out = list(filterfalse(self._mem.__contains__, keys))
-        if self._env is None or not out:
-            return out
-        sized = [k for k in dict.fromkeys(out) if len(k) == ID_SIZE]
-        met = self._older(sized)
-        return list(filterfalse(met.__contains__, out)) if met else out
+        if self._mem is not None:
+            return list(filterfalse(self._mem.__contains__, keys))
+        assert self._env is not None
+        got = _mapped.each(self._writing().get, keys)
+        return list(compress(keys, map(operator.is_, got, repeat(None))))
 
     def _spill(self) -> None:
-        """Move the ids in memory to the temporary LMDB, in one sorted write."""
-        keys = sorted(self._mem)
-        if set(map(len, keys)) != {ID_SIZE}:
-            raise ValueError("a spilled mark set holds 32-byte ids only")
-        if self._env is None:
-            self._dir, self._env = scratch_lmdb("marks")
-            self._filter = _Filter()
-        assert self._filter is not None
-        if self._txn is not None:
-            self._txn.abort()  # a reader sees the tree as it was: opened again after
-            self._txn = None
+        assert self._mem is not None
+        self._dir, self._env = scratch_lmdb("marks")
+        keys = sorted(self._mem)  # appended in key order: dense pages, fast
         with self._env.begin(write=True) as txn:
-            # the first move is an append (dense pages); later ones are merged into the tree
-            txn.cursor().putmulti(zip(keys, repeat(_MARK)), append=not self._old)
-        self._filter.add(keys)
-        _mapped.note(len(keys))
-        self._old += len(keys)
-        self._mem = set()
+            txn.cursor().putmulti(zip(keys, repeat(_MARK)), append=True)
+        self._n = len(keys)
+        self._mem = None
+
+    def _writing(self) -> lmdb.Transaction:
+        """The open write transaction (reads see its writes): one per `_COMMIT_EVERY` ids
+        added, not one per batch (a commit writes every page the batch touched)."""
+        if self._txn is None:
+            assert self._env is not None
+            self._txn = self._env.begin(write=True)
+        return self._txn
+
+    def _commit(self) -> None:
+        if self._txn is not None:
+            self._txn.commit()
+            self._txn = None
+        self._pending = 0
+
+    def _dropped(self, n: int) -> None:
+        _mapped.note(n)
 
     def close(self) -> None:
         self._mem = set()
-        self._filter = None
         if self._txn is not None:
-            self._txn.abort()
+            self._txn.abort()  # scratch: nothing to keep
             self._txn = None
         if self._env is not None:
             self._env.close()
