@@ -202,6 +202,8 @@ class ProbeAgent(BaseAgent):
         result = await environment.exec(PROBE, timeout_sec=60)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         (self.logs_dir / "probe.txt").write_text(result.stdout or "")
+        # what a failing check shows: the exec's status and stderr (a time-out has no stdout)
+        (self.logs_dir / "probe.err").write_text(f"{result.return_code}\n{result.stderr or ''}")
 
 
 class FailingAgent(ProbeAgent):
@@ -401,7 +403,11 @@ def test_the_agent_container_has_only_loopback_and_reaches_only_perception(
     arms = Counter(r.agent_block.arm for r in runs)
     assert set(arms) == {"no-perception", "encoders-required"}
     for r in runs:
-        interfaces, routes, health, encoded = _log(store, r, "agent.probe.txt").decode().split("--")
+        seen = _log(store, r, "agent.probe.txt").decode()
+        status = _log(store, r, "agent.probe.err")
+        why = f"{r.agent_block.arm}: {r.outcome} {r.errors}; exec: {status!r}"
+        assert seen.count("--") == 3, f"the probe's output is {seen!r} ({why})"
+        interfaces, routes, health, encoded = seen.split("--")
         assert interfaces.split() == ["lo"]  # no interface but loopback
         assert not routes.strip()  # and no route at all
         if r.agent_block.arm == "encoders-required":
