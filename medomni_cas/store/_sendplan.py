@@ -107,7 +107,7 @@ class SendPlan:
                     moved = [(k, v) for k, v in was if _DEPTH.unpack_from(v)[0] < depth]
                     if moved:
                         txn.cursor().putmulti(
-                            (k, _DEPTH.pack(depth) + bytes(v[_DEPTH.size :])) for k, v in moved
+                            (k, _DEPTH.pack(depth) + v[_DEPTH.size :]) for k, v in moved
                         )
                         deeper += [k for k, _ in moved]
         return new, deeper
