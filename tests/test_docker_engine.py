@@ -50,15 +50,17 @@ def test_base_image_runs_bash(docker_engine: Engine, containers: list[Any]) -> N
 
 def test_terminus_image_runs_a_tmux_session(docker_engine: Engine, containers: list[Any]) -> None:
     # What Harbor's terminus-2 does in it: a detached session running bash, keys typed into
-    # it, `tmux wait` for the command's end, the pane read back.
+    # it, `tmux wait` for the command's end, the pane read back. The pane may show the typed
+    # line twice (the tty echoes keys sent before bash's readline starts, then readline
+    # redraws them; seen once on CI), so the check is that it shows, not how often.
     session = (
         "tmux new-session -x 160 -y 40 -d -s s 'bash --login' && "
         "tmux send-keys -t s -- 'echo $((6 * 7)) > /tmp/out; tmux wait -S done' Enter && "
         "timeout 10s tmux wait done && cat /tmp/out && "
-        "tmux capture-pane -p -t s | grep -c 'wait -S done'"
+        "tmux capture-pane -p -t s | grep -q 'wait -S done' && echo pane"
     )
     code, out = run(docker_engine, containers, ["bash", "-c", session], image=TERMINUS_IMAGE)
-    assert (code, out.split()) == (0, ["42", "1"]), out
+    assert (code, out.split()) == (0, ["42", "pane"]), out
 
 
 def test_sleep_infinity_then_exec_bash(docker_engine: Engine, containers: list[Any]) -> None:
