@@ -262,3 +262,34 @@ def test_a_spilled_set_answers_by_lookup_and_by_scan_alike() -> None:
         assert disk.absent(chunk) == mem.absent(chunk)
         assert set(disk.absent(chunk)) == set(chunk) & set(others)
         assert all(k in disk for k in ids[::97]) and not any(k in disk for k in others[:50])
+
+
+def test_a_level_settled_at_once_is_what_each_batch_would_have_found() -> None:
+    """A spilled set given a level's links in one go (`defer`, then `settle`) puts in the
+    next level the ids, and in the order, that asking batch by batch would have: each new
+    id once, stably sorted by first byte; and it is the same set afterwards. Its runs are
+    files read, never mapped (their pages are not the process's RSS)."""
+    ids = _ids(4000)
+    batches = [ids[i : i + 300] + ids[:i:11] + ids[i : i + 40] for i in range(0, 4000, 300)]
+    with MarkSet(bound=1 << 30) as mem, MarkSet(bound=64) as disk, IdList() as want:
+        for part in (ids[:500], ids[3000:3100]):  # met before the level
+            mem.unseen(part)
+            disk.unseen(part)
+        assert disk.spilled and len(disk._runs) >= 2
+        for part in batches:
+            want.extend(mem.unseen(part))
+        with IdList(bound=50) as pending, IdList(bound=70) as got:
+            for part in batches:
+                disk.defer(part, pending)
+            disk.settle(pending, got)
+            assert pending.spilled and got.spilled
+            assert [k for b in got.batches(97) for k in b] == [
+                k for b in want.batches(97) for k in b
+            ]
+        assert len(disk) == len(mem) == 4000
+        probe = ids[::13] + _ids(30, "other")
+        assert disk.absent(probe) == mem.absent(probe) == _ids(30, "other")
+        assert disk._dir is not None
+        maps = Path("/proc/self/maps")
+        if maps.exists():
+            assert str(disk._dir) not in maps.read_text()

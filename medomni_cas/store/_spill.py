@@ -7,18 +7,29 @@ are the plain set and list they were, at the same speed; past it they move to a
 temporary directory (``TMPDIR``), removed when they are closed:
 
 `MarkSet`
-    the ids met: a Python set, then a temporary LMDB (one key per id; a batch of ids is
-    asked and added in one write transaction, committed unsynced: it is scratch);
+    the ids met: a Python set, then the ids met since it last wrote (a set, up to the
+    bound) and sorted runs of ids in files, merged two by two as they grow; a walk gives
+    it a whole level of links at once (`MarkSet.defer`, `MarkSet.settle`) and it answers
+    in one pass over each first byte's ids, read with ``pread``;
 `IdList`
     one level of a walk, iterated in batches in the order a walk reads it (stably sorted
     by first byte, which is LMDB's page order): a list, then runs appended to a file,
     each run cut by first byte so that reading back gives the same order.
 
 Neither changes an answer: the same ids come out in the same order either way (the tests
-force a tiny bound and compare). What the kernel maps of a temporary LMDB is given back
-past a budget (`medomni_cas.store._mapped.note`), so its pages do not pile up in the RSS;
-it is opened with ``writemap``, so a write transaction's pages are the file's (page
-cache), not private memory held until it commits.
+force a tiny bound and compare). Neither maps its files, so what they read is the page
+cache's, not the process's RSS. `scratch_lmdb` is the temporary LMDB of a spilled send
+plan (`medomni_cas.store._sendplan`): what the kernel maps of it is given back past a
+budget (`medomni_cas.store._mapped.note`); it is opened with ``writemap``, so a write
+transaction's pages are the file's (page cache), not private memory held until it
+commits.
+
+Why not a temporary LMDB for the marks too (it was, until fsck of a store of 1.6M
+objects took 6.4 times as long as one of 400k: RESULTS.md, stop 16): past a few hundred
+thousand ids its pages are more than the mapped budget, so each lookup of a new link is a
+page fault, and each new id a B-tree insertion. A level's links sorted by first byte
+and matched against each run's ids of that byte cost a sequential read of the set per
+level, and a walk of a store has a handful of large levels.
 """
 
 from __future__ import annotations
@@ -27,8 +38,9 @@ import operator
 import os
 import shutil
 import tempfile
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from itertools import compress, filterfalse, repeat
+from itertools import filterfalse
 from pathlib import Path
 from typing import BinaryIO
 
@@ -44,10 +56,9 @@ __all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "scratch_lmdb", "spill_bound"]
 DEFAULT_BOUND = 1 << 17
 _ENV = "MEDOMNI_SPILL_IDS"
 _FIRST_BYTE = operator.itemgetter(0)
+_PROBES = 24  # reads of one binary search in a large run, about: fewer keys than the
+# byte's ids / this are looked up one by one
 _MAP_SIZE = 1 << 40  # address space only: the file grows as ids are added
-_MARK = b"1"  # the value of each id's key (any; not empty, so that a get's answer is truthy)
-_COMMIT_EVERY = 1 << 14  # ids added per write transaction of a spilled set (its dirty
-# list is bounded; with writemap its pages are the file's, in the page cache)
 
 
 def spill_bound() -> int:
@@ -85,17 +96,86 @@ def scratch_lmdb(prefix: str) -> tuple[Path, lmdb.Environment]:
     return folder, env
 
 
+class _Run:
+    """Ids met, sorted, in one file of 32-byte records, with where each first byte's ids
+    start: read with ``pread`` (the page cache's, never mapped into the process)."""
+
+    def __init__(self, path: Path, starts: list[int]) -> None:
+        self.path = path
+        self.starts = starts  # the index of the first id of each first byte, and the end
+        self.n = starts[-1]
+        self._fd = os.open(path, os.O_RDONLY)
+
+    @classmethod
+    def write(cls, path: Path, ids: list[bytes]) -> _Run:
+        """A run of ``ids`` (sorted) written at ``path``."""
+        with open(path, "wb") as f:
+            f.write(b"".join(ids))
+        return cls(path, [bisect_left(ids, bytes([b])) for b in range(256)] + [len(ids)])
+
+    def ids(self, byte: int) -> list[bytes]:
+        """The ids of this first byte, sorted."""
+        lo, hi = self.starts[byte], self.starts[byte + 1]
+        return _split(os.pread(self._fd, (hi - lo) * ID_SIZE, lo * ID_SIZE))
+
+    def present(self, byte: int, keys: list[bytes]) -> set[bytes]:
+        """Those of ``keys`` (all of first byte ``byte``) that are here."""
+        lo, hi = self.starts[byte], self.starts[byte + 1]
+        if lo == hi or not keys:
+            return set()
+        if len(keys) * _PROBES < hi - lo:  # a few keys: looked up, not the byte read whole
+            return {k for k in keys if self._find(k, lo, hi)}
+        return set(keys).intersection(self.ids(byte))
+
+    def _find(self, key: bytes, lo: int, hi: int) -> bool:
+        fd = self._fd
+        while lo < hi:
+            mid = (lo + hi) // 2
+            got = os.pread(fd, ID_SIZE, mid * ID_SIZE)
+            if got < key:
+                lo = mid + 1
+            elif got > key:
+                hi = mid
+            else:
+                return True
+        return False
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self.path.unlink(missing_ok=True)
+
+
+def _split(data: bytes) -> list[bytes]:
+    return [data[i : i + ID_SIZE] for i in range(0, len(data), ID_SIZE)]
+
+
+def _by_first_byte(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
+    out: dict[int, list[bytes]] = {}
+    for k in keys:
+        out.setdefault(k[0], []).append(k)
+    return out
+
+
 class MarkSet:
-    """The ids a walk has met: `unseen` adds a batch and says which were new."""
+    """The ids a walk has met: `unseen` adds a batch and says which were new.
+
+    Past its bound the set is the ids met since it last wrote (in memory, up to the bound)
+    and sorted runs on disk (`_Run`), merged two by two as they come (a binary counter: at
+    most log2(n / bound) + 1 runs, each id rewritten that many times at most). An id is
+    looked for run by run, first byte by first byte: a few by binary search, many by
+    reading the byte's ids of each run once. So a walk that asks for a whole level at once
+    (`defer`, then `settle`) reads what it met once per level, in order, instead of a
+    random lookup per link; `unseen` and `absent` answer at once, at a lookup per id (or
+    per first byte, for many).
+    """
 
     def __init__(self, bound: int | None = None) -> None:
         self.bound = spill_bound() if bound is None else bound
-        self._mem: set[bytes] | None = set()
+        self._mem: set[bytes] = set()  # every id met, or (spilled) those since the last run
         self._dir: Path | None = None
-        self._env: lmdb.Environment | None = None
+        self._runs: list[_Run] = []
         self._n = 0
-        self._txn: lmdb.Transaction | None = None
-        self._pending = 0  # ids added in the open write transaction
+        self._made = 0  # runs written (their file names)
 
     def __enter__(self) -> MarkSet:
         return self
@@ -105,40 +185,29 @@ class MarkSet:
 
     @property
     def spilled(self) -> bool:
-        return self._env is not None
+        return self._dir is not None
 
     def __len__(self) -> int:
-        return len(self._mem) if self._mem is not None else self._n
+        return self._n + len(self._mem)
 
     def __contains__(self, key: object) -> bool:
-        if self._mem is not None:
-            return key in self._mem
-        assert self._env is not None
-        if not isinstance(key, bytes) or not key:
+        if key in self._mem:
+            return True
+        if not isinstance(key, bytes) or len(key) != ID_SIZE:
             return False
-        return self._writing().get(key) is not None
+        return any(run.present(key[0], [key]) for run in self._runs)
 
     def unseen(self, ids: Iterable[bytes]) -> list[bytes]:
         """The ``ids`` not met before (each once, in the order of ``ids``), now met."""
-        if self._mem is not None:
+        if self._dir is None:
             new = list(unseen(self._mem, list(ids)))
             if len(self._mem) > self.bound:
                 self._spill()
             return new
-        assert self._env is not None
-        fresh = list(dict.fromkeys(ids))
-        # two C-level passes, not a Python call per id: which are there, then the new
-        # ones added in key order (an append-like walk of the tree's pages)
-        txn = self._writing()
-        got = _mapped.each(txn.get, fresh)
-        new = list(compress(fresh, map(operator.is_, got, repeat(None))))
-        if new:
-            txn.cursor().putmulti(zip(sorted(new), repeat(_MARK)), dupdata=False)
-            self._pending += len(new)
-            if self._pending >= _COMMIT_EVERY:
-                self._commit()
-        self._n += len(new)
-        self._dropped(len(new))
+        fresh = list(filterfalse(self._mem.__contains__, dict.fromkeys(ids)))
+        met = self._on_disk(fresh)
+        new = list(filterfalse(met.__contains__, fresh)) if met else fresh
+        self._met(new)
         return new
 
     def add(self, ids: Iterable[bytes]) -> None:
@@ -146,48 +215,87 @@ class MarkSet:
 
     def absent(self, keys: list[bytes]) -> list[bytes]:
         """Those of ``keys`` not met, in order (repeats kept)."""
-        if self._mem is not None:
-            return list(filterfalse(self._mem.__contains__, keys))
-        assert self._env is not None
-        got = _mapped.each(self._writing().get, keys)
-        return list(compress(keys, map(operator.is_, got, repeat(None))))
+        maybe = list(filterfalse(self._mem.__contains__, keys))
+        if not self._runs:
+            return maybe
+        met = self._on_disk(maybe)
+        return list(filterfalse(met.__contains__, maybe)) if met else maybe
+
+    def defer(self, ids: Iterable[bytes], pending: IdList) -> None:
+        """Put in ``pending`` those of ``ids`` that may not have been met (not in memory),
+        for `settle` to decide in one pass: the spilled set's way to take a whole level."""
+        pending.extend(filterfalse(self._mem.__contains__, dict.fromkeys(ids)))
+
+    def settle(self, pending: IdList, into: IdList) -> None:
+        """Put in ``into`` the ids of ``pending`` not met before, each once, in the order
+        `unseen` of each batch in turn would have given them (stably sorted by first byte,
+        as ``into`` keeps them anyway); they are met now."""
+        for byte, keys in pending.by_first_byte():
+            fresh = list(filterfalse(self._mem.__contains__, dict.fromkeys(keys)))
+            for run in self._runs:
+                if fresh:
+                    met = run.present(byte, fresh)
+                    if met:
+                        fresh = list(filterfalse(met.__contains__, fresh))
+            into.extend(fresh)
+            self._met(fresh)
+
+    def _on_disk(self, keys: list[bytes]) -> set[bytes]:
+        """Those of ``keys`` in the runs on disk."""
+        out: set[bytes] = set()
+        if not keys or not self._runs:
+            return out
+        for byte, part in _by_first_byte(keys).items():
+            for run in self._runs:
+                out |= run.present(byte, part)
+        return out
+
+    def _met(self, new: list[bytes]) -> None:
+        self._mem.update(new)
+        if len(self._mem) > self.bound:
+            self._spill()
 
     def _spill(self) -> None:
-        assert self._mem is not None
-        self._dir, self._env = scratch_lmdb("marks")
-        keys = sorted(self._mem)  # appended in key order: dense pages, fast
-        with self._env.begin(write=True) as txn:
-            txn.cursor().putmulti(zip(keys, repeat(_MARK)), append=True)
-        self._n = len(keys)
-        self._mem = None
+        """Write what is in memory as a run, then merge the last two runs while the older
+        is no larger than the newer."""
+        if self._dir is None:
+            self._dir = _scratch("marks")
+        self._runs.append(self._run(sorted(self._mem)))
+        self._n += len(self._mem)
+        self._mem = set()
+        while len(self._runs) >= 2 and self._runs[-2].n <= self._runs[-1].n:
+            newer, older = self._runs.pop(), self._runs.pop()
+            self._runs.append(self._merged(older, newer))
 
-    def _writing(self) -> lmdb.Transaction:
-        """The open write transaction (reads see its writes): one per `_COMMIT_EVERY` ids
-        added, not one per batch (a commit writes every page the batch touched)."""
-        if self._txn is None:
-            assert self._env is not None
-            self._txn = self._env.begin(write=True)
-        return self._txn
+    def _run(self, ids: list[bytes]) -> _Run:
+        assert self._dir is not None
+        self._made += 1
+        return _Run.write(self._dir / f"run-{self._made}", ids)
 
-    def _commit(self) -> None:
-        if self._txn is not None:
-            self._txn.commit()
-            self._txn = None
-        self._pending = 0
-
-    def _dropped(self, n: int) -> None:
-        _mapped.note(n)
+    def _merged(self, a: _Run, b: _Run) -> _Run:
+        # byte by byte, so that only one byte's ids of each are held; sorted() merges the
+        # two sorted lists in one linear pass (its runs are found, not re-sorted)
+        assert self._dir is not None
+        self._made += 1
+        path = self._dir / f"run-{self._made}"
+        starts, n = [], 0
+        with open(path, "wb") as f:
+            for byte in range(256):
+                starts.append(n)
+                ids = sorted(a.ids(byte) + b.ids(byte))
+                f.write(b"".join(ids))
+                n += len(ids)
+        a.close()
+        b.close()
+        return _Run(path, [*starts, n])
 
     def close(self) -> None:
         self._mem = set()
-        if self._txn is not None:
-            self._txn.abort()  # scratch: nothing to keep
-            self._txn = None
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        for run in self._runs:
+            run.close()
+        self._runs = []
+        self._n = 0
         if self._dir is not None:
-            _mapped.unwatch(self._dir / "data.mdb")
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
@@ -276,6 +384,29 @@ class IdList:
                     out = out[size:]
         if out:
             yield out
+
+    def by_first_byte(self) -> Iterator[tuple[int, list[bytes]]]:
+        """Each first byte met and its ids, in walk order (one byte's ids held at a time)."""
+        if self._file is None:
+            held = self.as_list()
+            assert held is not None
+            i = 0
+            while i < len(held):
+                byte = held[i][0]
+                j = bisect_left(held, byte + 1, lo=i, key=_FIRST_BYTE)
+                yield byte, held[i:j]
+                i = j
+            return
+        if self._mem:
+            self._flush()
+        f = self._file
+        for byte, runs in enumerate(self._runs):
+            if runs:
+                ids: list[bytes] = []
+                for offset, count in runs:
+                    f.seek(offset)
+                    ids += _split(f.read(count * ID_SIZE))
+                yield byte, ids
 
     def as_list(self) -> list[bytes] | None:
         """The ids in walk order as the list held, when it is not spilled."""

@@ -204,13 +204,25 @@ class _Walk:
     def _admit(self, roots: Iterable[bytes], level: IdList) -> None:
         """Put the roots not met yet in ``level``, each once, a chunk at a time."""
         it = iter(roots)
-        while chunk := list(islice(it, _ROOTS_CHUNK)):
-            if self.check.parents:
-                new = [r for r in dict.fromkeys(chunk) if r not in self.check.parent]
-                self.check.parent.update(dict.fromkeys(new))
-            else:
-                new = self.seen.unseen(chunk)
-            level.extend(new)
+        with IdList() as pending:
+            while chunk := list(islice(it, _ROOTS_CHUNK)):
+                if self.check.parents:
+                    new = [r for r in dict.fromkeys(chunk) if r not in self.check.parent]
+                    self.check.parent.update(dict.fromkeys(new))
+                    level.extend(new)
+                else:
+                    self._links(chunk, level, pending)
+            self.seen.settle(pending, level)
+
+    def _links(self, ids: list[bytes], level: IdList, pending: IdList) -> None:
+        """Put those of ``ids`` not met in ``level``: at once while what was met is held in
+        memory; once it has spilled, in ``pending``, for `MarkSet.settle` to decide at the
+        end of the level in one pass over the set (a lookup per id would cost a random
+        read each)."""
+        if self.seen.spilled:
+            self.seen.defer(ids, pending)
+        else:
+            level.extend(self.seen.unseen(ids))
 
     def walk(self, roots: Iterable[bytes]) -> list[bytes]:
         """Check the closures of ``roots`` as one walk, breadth first, each level in
@@ -228,16 +240,24 @@ class _Walk:
                 # level's batches come sorted by first byte
                 held = frontier.as_list()
                 keys = held if held is not None else frontier.batches(BATCH)
-                for f in self.pool.check(keys, owners=self.check.parents, count=len(frontier)):
-                    self._note(f, absent=True)
-                    gone += f.absent
-                    if not f.links:
-                        continue
-                    if self.check.parents:
-                        self.check._read.append((f.sound, f.owners))
-                        nxt.extend(new_links(self.check.parent, f.sound, f.links, f.owners))
-                    else:
-                        nxt.extend(self.seen.unseen(f.links))
+                try:
+                    with IdList() as pending:
+                        for f in self.pool.check(
+                            keys, owners=self.check.parents, count=len(frontier)
+                        ):
+                            self._note(f, absent=True)
+                            gone += f.absent
+                            if not f.links:
+                                continue
+                            if self.check.parents:
+                                self.check._read.append((f.sound, f.owners))
+                                nxt.extend(new_links(self.check.parent, f.sound, f.links, f.owners))
+                            else:
+                                self._links(f.links, nxt, pending)
+                        self.seen.settle(pending, nxt)
+                except BaseException:
+                    nxt.close()
+                    raise
                 if gone and above and not self.check.parents:
                     self.check.parent.update(self._first_linkers(set(gone), above))
                 if above is not None:
