@@ -238,6 +238,19 @@ class BackendTests:
         assert backend.get_list([b]) == [None]
         assert backend.get_list((a,)) == [b"a"]  # any sequence
 
+    def test_get_parts_read_all_in_order_within_the_bound(self, backend: Backend) -> None:
+        small = [(key(b"part%d" % i), b"s%d" % i) for i in range(40)]
+        large = [(key(b"large%d" % i), bytes([i]) * 300_000) for i in range(12)]
+        items = [x for pair in zip(small, large + small[12:], strict=False) for x in pair]
+        backend.put_many(items[::3])
+        keys = [k for k, _ in items] + [items[0][0]]  # absent ones, and a repeat
+        parts = list(backend.get_parts(keys, 1 << 20))
+        assert [k for ks, _ in parts for k in ks] == keys
+        assert [d for _, got in parts for d in got] == backend.get_list(keys)
+        assert all(len(ks) == len(got) and ks for ks, got in parts)
+        assert max(sum(len(d) for d in got if d) for _, got in parts) <= 2 << 20
+        assert list(backend.get_parts([], 1 << 20)) == []
+
     def test_batch_reads_agree(self, backend: Backend) -> None:
         items = [(key(b"batch%d" % i), b"value %d" % i) for i in range(300)]
         backend.put_many(items[::2])

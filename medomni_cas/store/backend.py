@@ -156,6 +156,38 @@ class Backend(ABC):
         walks that read objects by the hundred thousand (override to skip the pairs)."""
         return [data for _, data in self.get_many(keys)]
 
+    def get_parts(
+        self, keys: Sequence[bytes], held_bytes: int
+    ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        """``keys`` and their bytes (None where absent), in order, in parts holding about
+        ``held_bytes`` or fewer (one larger object is a part of its own): a walk's batch of
+        small objects in one part, large ones a few at a time. Default: the sizes are not
+        known before a read, so reads grow from 2 ids, each sized by the mean size of the
+        last (at most 4 times as many ids): a batch of objects of one size is held within
+        about twice the bound. Override where a key's size is known before its bytes."""
+        part: list[bytes] = []
+        got: list[bytes | None] = []
+        held, i, step = 0, 0, 2
+        while i < len(keys):
+            ids = list(keys[i : i + step])
+            values = self.get_list(ids)
+            i += len(ids)
+            nbytes = sum(map(len, filter(None, values)))
+            if part and held + nbytes > held_bytes:
+                yield part, got
+                part, got, held = [], [], 0
+            part += ids
+            got += values
+            held += nbytes
+            mean = nbytes / len(ids)
+            fit = int(held_bytes / 4 / mean) if mean else len(keys)
+            step = max(1, min(fit, step * 4))
+            if held >= held_bytes:
+                yield part, got
+                part, got, held = [], [], 0
+        if part:
+            yield part, got
+
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys that are not stored, in order."""
         return [k for k in keys if not self.contains(k)]

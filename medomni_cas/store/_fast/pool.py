@@ -44,18 +44,39 @@ from medomni_cas.store._fast.check import BatchChecker, Findings
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.ids import ID_SIZE
 
-__all__ = ["BATCH", "MIN_LEVEL", "CheckPool", "default_jobs"]
+__all__ = ["BATCH", "HELD_BYTES", "MIN_LEVEL", "CheckPool", "default_jobs", "merged"]
 
 #: Ids per batch: enough that a batch's C-level passes dominate its Python steps.
 BATCH = 4096
 #: The smallest level that starts a helper: smaller walks end before one would be ready.
 MIN_LEVEL = 4 * BATCH
+#: Bytes of objects read and held at once by a check, about (one larger object is held
+#: whole): a batch of large objects (a level of image chunks, the columns of a table) is
+#: read and checked a part at a time, not 4,096 of them at once.
+HELD_BYTES = 32 << 20
 _MAX_JOBS = 4  # beyond this the walk itself (new links, reports) is the bottleneck
 _IN_FLIGHT = 3  # batches a helper holds: it never idles while this process checks one
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 30
 _COMMAND = ("-m", "medomni_cas.store._fast.pool")  # run by this interpreter
 _log = logging.getLogger(__name__)
+
+
+def merged(parts: list[Findings]) -> Findings:
+    """The findings of a batch checked in parts, as one (owners index the joined sound)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = Findings()
+    for f in parts:
+        out.objects += f.objects
+        out.nbytes += f.nbytes
+        out.absent += f.absent
+        out.corrupt += f.corrupt
+        out.malformed += f.malformed
+        out.links += f.links
+        out.owners += [len(out.sound) + k for k in f.owners]
+        out.sound += f.sound
+    return out
 
 
 class Hello(msgspec.Struct, array_like=True):
@@ -292,7 +313,8 @@ class CheckPool:
                 # this process from the front, helpers from the back: each reads pages
                 # close together in key order
                 batch = batches.popleft()
-                yield self.checker(batch, self.backend.get_list(batch), owners=owners)
+                for keys, got in self.backend.get_parts(batch, HELD_BYTES):
+                    yield self.checker(keys, got, owners=owners)
                 self._checked += 1
             elif any(h.held for h in self._helpers):
                 self._wait(batches)
@@ -395,7 +417,7 @@ def _serve(inp: int, out: int) -> int:
             except _Gone:
                 return 0  # stdin closed: the walk is over
             keys = [body[i : i + ID_SIZE] for i in range(0, len(body), ID_SIZE)]
-            found = check(keys, backend.get_list(keys))
+            found = merged([check(part, got) for part, got in backend.get_parts(keys, HELD_BYTES)])
             served += 1
             found.links = list(set(found.links))  # the walk needs each link once
             send(encode(found))

@@ -222,10 +222,49 @@ class LMDBBackend(Backend):
 
     def get_list(self, keys: Sequence[bytes]) -> list[bytes | None]:
         # docstring inherited
+        values = self._stored(keys)
+        if None not in values:
+            found = cast("list[bytes]", values)
+            flags = bytes(map(_FIRST, found))
+            if flags.count(_INLINE) == len(flags):
+                return list(map(_DATA, found))
+        return [self._value(key, value) for key, value in zip(keys, values, strict=True)]
+
+    def get_parts(
+        self, keys: Sequence[bytes], held_bytes: int
+    ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        # docstring inherited; exact here: a large object's marker says it is one, so its
+        # file is read only when the part before it has been taken
+        values = self._stored(keys)
+        if not values:
+            return
+        if None not in values:
+            found = cast("list[bytes]", values)
+            flags = bytes(map(_FIRST, found))
+            if flags.count(_INLINE) == len(flags) and sum(map(len, found)) <= held_bytes:
+                yield list(keys), list(map(_DATA, found))
+                return
+        part: list[bytes] = []
+        got: list[bytes | None] = []
+        held = 0
+        for key, value in zip(keys, values, strict=True):
+            large = value is not None and value[0] != _INLINE  # of LARGE_OBJECT bytes at least
+            if part and (held >= held_bytes or (large and held + LARGE_OBJECT > held_bytes)):
+                yield part, got
+                part, got, held = [], [], 0
+            data = self._value(key, value)
+            part.append(key)
+            got.append(data)
+            held += len(data) if data else 0
+        if part:
+            yield part, got
+
+    def _stored(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The stored value of each key (header and bytes, or a large object's marker)."""
         if len(keys) > _NOTE_EVERY:  # the mapped pages looked at between parts
             out: list[bytes | None] = []
             for i in range(0, len(keys), _NOTE_EVERY):
-                out += self.get_list(keys[i : i + _NOTE_EVERY])
+                out += self._stored(keys[i : i + _NOTE_EVERY])
             return out
         # one C-level pass per step (get, flag check, header cut) instead of a Python loop
         # per key: a walk's reads cost about what raw txn.get costs
@@ -233,12 +272,7 @@ class LMDBBackend(Backend):
             get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
             values = list(map(get, keys))
         _mapped.note(len(keys))
-        if None not in values:
-            found = cast("list[bytes]", values)
-            flags = bytes(map(_FIRST, found))
-            if flags.count(_INLINE) == len(flags):
-                return list(map(_DATA, found))
-        return [self._value(key, value) for key, value in zip(keys, values, strict=True)]
+        return values
 
     def _value(self, key: bytes, value: bytes | None) -> bytes | None:
         if value is None:
