@@ -252,7 +252,9 @@ class MarkSet:
 
     def _met(self, new: list[bytes]) -> None:
         self._mem.update(new)
-        if len(self._mem) > self.bound:
+        # once spilled, a quarter of the bound: a walk's level and its pending links are
+        # held beside it then, each up to its own bound
+        if len(self._mem) > max(1, self.bound // 4):
             self._spill()
 
     def _spill(self) -> None:

@@ -8,7 +8,7 @@ while gc runs is never deleted; ``grace`` protects a writer that has put objects
 the ref that names them.
 
 Memory: the mark is the store's checked walk (`medomni_cas.store.verify.CheckedWalk`, not
-canonical), whose set of what it met spills to a temporary LMDB beyond a bound; the sweep
+canonical), whose set of what it met spills to sorted runs on disk beyond a bound; the sweep
 lists the store a chunk at a time and asks the mark a chunk at a time. A killed gc has
 deleted only what a finished mark did not reach (the mark completes before the first
 delete), and leaves its temporary files in TMPDIR.
@@ -119,7 +119,7 @@ def gc(
     cutoff = start - grace - _STAMP_SLACK
 
     # The mark: the store's checked walk (`medomni_cas.store.verify`), whose set of what it
-    # met stays in memory up to a bound and spills to a temporary LMDB beyond it (removed
+    # met stays in memory up to a bound and spills to sorted runs on disk beyond it (removed
     # with the walk; a killed gc leaves it in TMPDIR and has deleted nothing the mark had
     # not finished with).
     with CheckedWalk(store, canonical=False, jobs=jobs, progress=progress) as mark:

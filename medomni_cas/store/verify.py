@@ -25,10 +25,13 @@ A batch
 
 Memory
     What a walk has met and each level of it stay in memory up to a bound and spill to
-    a temporary directory beyond it (`medomni_cas.store._spill`: a temporary LMDB and
-    run files, removed with the walk), with the same answers in the same order; fsck
-    lists refs, histories and stored keys as it goes, a chunk at a time, and the pages of
-    the store the walk has read are given back past a budget (`medomni_cas.store._mapped`).
+    a temporary directory beyond it (`medomni_cas.store._spill`: sorted runs of the ids
+    met, against which each level's links are settled in one pass once the set has
+    spilled, and run files of the levels, removed with the walk), with the same answers
+    in the same order; a batch's objects are read and checked in parts of about 32 MiB
+    (`Backend.get_parts`: large objects a few at a time); fsck lists refs,
+    histories and stored keys as it goes, a chunk at a time, and the pages of the store
+    the walk has read are given back past a budget (`medomni_cas.store._mapped`).
     So a check of 100M objects holds about what one of a few hundred thousand holds.
     Not bounded: a walk that keeps every object's first linker (``parents=True``, run
     only when something is wrong, to name paths), and the problems found.
@@ -188,6 +191,10 @@ class _Walk:
         # without parents, what the walk met (``check.parent`` is the set then): in memory,
         # or on disk beyond `spill_bound` ids, as are the levels of the walk
         self.seen = MarkSet()
+        # the links of a level not settled yet: a quarter of the bound held, as the set's
+        # newest ids are once it has spilled (with the level itself, about what the set
+        # held before it spilled)
+        self._pending_bound = max(1, self.seen.bound // 4)
         self._new: list[bytes] = []
 
     def __enter__(self) -> _Walk:
@@ -204,7 +211,7 @@ class _Walk:
     def _admit(self, roots: Iterable[bytes], level: IdList) -> None:
         """Put the roots not met yet in ``level``, each once, a chunk at a time."""
         it = iter(roots)
-        with IdList() as pending:
+        with IdList(bound=self._pending_bound) as pending:
             while chunk := list(islice(it, _ROOTS_CHUNK)):
                 if self.check.parents:
                     new = [r for r in dict.fromkeys(chunk) if r not in self.check.parent]
@@ -241,7 +248,7 @@ class _Walk:
                 held = frontier.as_list()
                 keys = held if held is not None else frontier.batches(BATCH)
                 try:
-                    with IdList() as pending:
+                    with IdList(bound=self._pending_bound) as pending:
                         for f in self.pool.check(
                             keys, owners=self.check.parents, count=len(frontier)
                         ):
