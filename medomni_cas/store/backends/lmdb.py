@@ -222,6 +222,11 @@ class LMDBBackend(Backend):
 
     def get_list(self, keys: Sequence[bytes]) -> list[bytes | None]:
         # docstring inherited
+        if len(keys) > _NOTE_EVERY:  # a part's stored values (a copy) freed before the next
+            out: list[bytes | None] = []
+            for i in range(0, len(keys), _NOTE_EVERY):
+                out += self.get_list(keys[i : i + _NOTE_EVERY])
+            return out
         values = self._stored(keys)
         if None not in values:
             found = cast("list[bytes]", values)
