@@ -232,22 +232,26 @@ class MarkSet:
         as ``into`` keeps them anyway); they are met now."""
         for byte, keys in pending.by_first_byte():
             fresh = list(filterfalse(self._mem.__contains__, dict.fromkeys(keys)))
-            for run in self._runs:
-                if fresh:
-                    met = run.present(byte, fresh)
-                    if met:
-                        fresh = list(filterfalse(met.__contains__, fresh))
+            met = self._in_runs(byte, fresh)
+            if met:
+                fresh = list(filterfalse(met.__contains__, fresh))
             into.extend(fresh)
             self._met(fresh)
 
     def _on_disk(self, keys: list[bytes]) -> set[bytes]:
         """Those of ``keys`` in the runs on disk."""
         out: set[bytes] = set()
-        if not keys or not self._runs:
-            return out
-        for byte, part in _by_first_byte(keys).items():
-            for run in self._runs:
-                out |= run.present(byte, part)
+        if keys and self._runs:
+            for byte, part in _by_first_byte(keys).items():
+                out |= self._in_runs(byte, part)
+        return out
+
+    def _in_runs(self, byte: int, keys: list[bytes]) -> set[bytes]:
+        """Those of ``keys`` (all of first byte ``byte``) in some run on disk."""
+        out: set[bytes] = set()
+        for run in self._runs:
+            if keys:
+                out |= run.present(byte, keys)
         return out
 
     def _met(self, new: list[bytes]) -> None:
@@ -380,7 +384,7 @@ class IdList:
             for offset, count in runs:
                 f.seek(offset)
                 data = f.read(count * ID_SIZE)
-                out += [data[k : k + ID_SIZE] for k in range(0, len(data), ID_SIZE)]
+                out += _split(data)
                 while len(out) >= size:
                     yield out[:size]
                     out = out[size:]

@@ -111,7 +111,7 @@ READ_BYTES = 16 << 20
 WRITE_BYTES = 64 << 20
 #: …and this many objects.
 WRITE_ITEMS = 65_536
-_FIRST_READ = 64
+_FIRST_READ = 16  # objects in a level's first read batch, and in every one at least
 _MAX_READ = 16_384  # objects per read batch: what a batch holds (bytes, links) is bounded
 _MISSING_CHUNK = 32_768  # ids of a level asked of the destination at a time
 
@@ -220,7 +220,6 @@ class _Sender:
         self.trusted = set(trusted)
         self.buffer: list[tuple[bytes, bytes]] = []
         self.buffer_bytes = 0
-        self.read_batch = _FIRST_READ
         self.checked = self.sent = self.nbytes = 0
         self.reader = BatchReader()
         # ids per write batch: a backend whose write holds every page it touches in memory
@@ -338,16 +337,14 @@ class _Sender:
         # before): a level of large objects after one of small ones (a job's column blobs
         # after its runs) is otherwise read 16,384 at a time (seen: 111 blobs of 1 MB at
         # once, held twice over by the plan's spool write)
-        i, self.read_batch = 0, _FIRST_READ // 4
+        i, step = 0, _FIRST_READ
         while i < len(lacking):
-            part = lacking[i : i + self.read_batch]
+            part = lacking[i : i + step]
             i += len(part)
             datas, links = self._read(part)
             yield part, datas, links
             mean = max(sum(map(len, datas)) // len(part), 1)
-            self.read_batch = max(
-                _FIRST_READ // 4, min(_MAX_READ, READ_BYTES // mean, 4 * len(part))
-            )
+            step = max(_FIRST_READ, min(_MAX_READ, READ_BYTES // mean, 4 * len(part)))
 
     def _links(
         self, store: Store, keys: list[bytes]

@@ -59,6 +59,16 @@ _NOTE_EVERY = 256  # keys read by get_list between two looks at the mapped pages
 T = TypeVar("T")
 
 
+def _inline(values: list[bytes | None]) -> list[bytes | None] | None:
+    """The object bytes of stored values when every one is present and inline (C-level
+    passes: a flag check, a header cut), else None."""
+    if None in values:
+        return None
+    found = cast("list[bytes]", values)
+    flags = bytes(map(_FIRST, found))
+    return list(map(_DATA, found)) if flags.count(_INLINE) == len(flags) else None
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -228,11 +238,9 @@ class LMDBBackend(Backend):
                 out += self.get_list(keys[i : i + _NOTE_EVERY])
             return out
         values = self._stored(keys)
-        if None not in values:
-            found = cast("list[bytes]", values)
-            flags = bytes(map(_FIRST, found))
-            if flags.count(_INLINE) == len(flags):
-                return list(map(_DATA, found))
+        inline = _inline(values)
+        if inline is not None:
+            return inline
         return [self._value(key, value) for key, value in zip(keys, values, strict=True)]
 
     def get_parts(
@@ -243,12 +251,10 @@ class LMDBBackend(Backend):
         values = self._stored(keys)
         if not values:
             return
-        if None not in values:
-            found = cast("list[bytes]", values)
-            flags = bytes(map(_FIRST, found))
-            if flags.count(_INLINE) == len(flags) and sum(map(len, found)) <= held_bytes:
-                yield list(keys), list(map(_DATA, found))
-                return
+        inline = _inline(values)
+        if inline is not None and sum(map(len, cast("list[bytes]", values))) <= held_bytes:
+            yield list(keys), inline
+            return
         part: list[bytes] = []
         got: list[bytes | None] = []
         held = 0
