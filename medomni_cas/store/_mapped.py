@@ -7,9 +7,9 @@ pages are not needed now (``madvise(MADV_DONTNEED)``): for a shared file mapping
 drops the process's page table entries only; the pages stay in the page cache, and a later
 read maps them again from there, with the same bytes (a shared mapping has no private
 copy to lose). LMDB opened without ``writemap`` never writes through its map; one opened
-with it (a temporary LMDB of `medomni_cas.store._sendplan`) writes through a shared map,
-whose dirty pages are the page cache's too: dropping them loses nothing either. A private
-writable map (copy-on-write: its pages may be the only copy) is never dropped.
+with it writes through a shared map, whose dirty pages are the page cache's too: dropping
+them loses nothing either. A private writable map (copy-on-write: its pages may be the
+only copy) is never dropped.
 
 Budget
     Dropping has a price: a page read again after a drop is mapped again (a page fault,

@@ -18,14 +18,12 @@ temporary directory (``TMPDIR``), removed when they are closed:
 
 Neither changes an answer: the same ids come out in the same order either way (the tests
 force a tiny bound and compare). Neither maps its files, so what they read is the page
-cache's, not the process's RSS. `scratch_lmdb` is the temporary LMDB of a spilled send
-plan (`medomni_cas.store._sendplan`): what the kernel maps of it is given back past a
-budget (`medomni_cas.store._mapped.note`); it is opened with ``writemap``, so a write
-transaction's pages are the file's (page cache), not private memory held until it
-commits.
+cache's, not the process's RSS. A spilled send plan (`medomni_cas.store._sendplan`) keeps
+its records in the same sorted runs (`Run`, of wider records).
 
-Why not a temporary LMDB for the marks too (it was, until fsck of a store of 1.6M
-objects took 6.4 times as long as one of 400k: RESULTS.md, stop 16): past a few hundred
+Why not a temporary LMDB (the marks were in one until fsck of a store of 1.6M objects
+took 6.4 times as long as one of 400k, RESULTS.md, stop 16; a send plan's until its map
+was half of push's RSS at 1.44M objects, stop 26): past a few hundred
 thousand ids its pages are more than the mapped budget, so each lookup of a new link is a
 page fault, and each new id a B-tree insertion. A level's links sorted by first byte
 and matched against each run's ids of that byte cost a sequential read of the set per
@@ -44,13 +42,10 @@ from itertools import filterfalse
 from pathlib import Path
 from typing import BinaryIO
 
-import lmdb
-
-from medomni_cas.store import _mapped
 from medomni_cas.store._fast import unseen
 from medomni_cas.store.ids import ID_SIZE
 
-__all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "scratch_lmdb", "spill_bound"]
+__all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "Run", "scratch", "spill_bound"]
 
 #: Ids held in memory by one set or list before it spills (about 13 MB as a set).
 DEFAULT_BOUND = 1 << 17
@@ -58,7 +53,6 @@ _ENV = "MEDOMNI_SPILL_IDS"
 _FIRST_BYTE = operator.itemgetter(0)
 _PROBES = 24  # reads of one binary search in a large run, about: fewer keys than the
 # byte's ids / this are looked up one by one
-_MAP_SIZE = 1 << 40  # address space only: the file grows as ids are added
 
 
 def spill_bound() -> int:
@@ -70,53 +64,71 @@ def spill_bound() -> int:
         raise ValueError(f"{_ENV} must be a whole number of ids, not {raw!r}") from None
 
 
-def _scratch(prefix: str) -> Path:
+def scratch(prefix: str) -> Path:
+    """A fresh temporary folder under TMPDIR (the caller's to remove)."""
     return Path(tempfile.mkdtemp(prefix=f"medomni-{prefix}-"))
 
 
-def scratch_lmdb(prefix: str) -> tuple[Path, lmdb.Environment]:
-    """A fresh temporary LMDB (its folder under TMPDIR, the caller's to remove), opened for
-    speed over durability: it lives only as long as the walk or plan that spills to it."""
-    folder = _scratch(prefix)
-    env = lmdb.open(
-        str(folder),
-        map_size=_MAP_SIZE,
-        subdir=True,
-        sync=False,
-        metasync=False,
-        lock=False,
-        readahead=False,
-        # the pages a write transaction dirties are the file's own (page cache, given back
-        # past a budget with the rest, `_mapped.note`), not a private copy held until commit
-        writemap=True,
-        meminit=False,
-        max_dbs=0,
-    )
-    _mapped.watch(folder / "data.mdb")
-    return folder, env
+class Run:
+    """Sorted records in one file, each an id and ``width - 32`` bytes about it (none, for
+    a run of ids), with where each first byte's records start: read with ``pread`` (the
+    page cache's, never mapped into the process). An id is in a run at most once."""
 
-
-class _Run:
-    """Ids met, sorted, in one file of 32-byte records, with where each first byte's ids
-    start: read with ``pread`` (the page cache's, never mapped into the process)."""
-
-    def __init__(self, path: Path, starts: list[int]) -> None:
+    def __init__(self, path: Path, starts: list[int], width: int = ID_SIZE) -> None:
         self.path = path
-        self.starts = starts  # the index of the first id of each first byte, and the end
+        self.starts = starts  # the index of the first record of each first byte, and the end
+        self.width = width
         self.n = starts[-1]
         self._fd = os.open(path, os.O_RDONLY)
 
     @classmethod
-    def write(cls, path: Path, ids: list[bytes]) -> _Run:
-        """A run of ``ids`` (sorted) written at ``path``."""
+    def write(cls, path: Path, records: list[bytes], width: int = ID_SIZE) -> Run:
+        """A run of ``records`` (sorted, each ``width`` bytes) written at ``path``."""
         with open(path, "wb") as f:
-            f.write(b"".join(ids))
-        return cls(path, [bisect_left(ids, bytes([b])) for b in range(256)] + [len(ids)])
+            f.write(b"".join(records))
+        starts = [bisect_left(records, bytes([b])) for b in range(256)]
+        return cls(path, [*starts, len(records)], width)
+
+    @classmethod
+    def merged(cls, path: Path, older: Run, newer: Run) -> Run:
+        """One run of the records of both, written at ``path`` (where both hold an id,
+        ``newer``'s record), a byte at a time: only one byte's records of each are held.
+        Both are closed."""
+        width = newer.width
+        starts, n = [], 0
+        with open(path, "wb") as f:
+            for byte in range(256):
+                starts.append(n)
+                a, b = older.ids(byte), newer.ids(byte)
+                if width == ID_SIZE or not a or not b:
+                    # sorted() merges two sorted lists in one linear pass (its runs are
+                    # found, not re-sorted); ids alone are never in both
+                    records = sorted(a + b)
+                else:
+                    latest = {r[:ID_SIZE]: r for r in a}
+                    latest.update((r[:ID_SIZE], r) for r in b)
+                    records = sorted(latest.values())
+                f.write(b"".join(records))
+                n += len(records)
+        older.close()
+        newer.close()
+        return cls(path, [*starts, n], width)
 
     def ids(self, byte: int) -> list[bytes]:
-        """The ids of this first byte, sorted."""
+        """The records of this first byte, sorted (for a run of ids, its ids)."""
         lo, hi = self.starts[byte], self.starts[byte + 1]
-        return _split(os.pread(self._fd, (hi - lo) * ID_SIZE, lo * ID_SIZE))
+        w = self.width
+        return _split(os.pread(self._fd, (hi - lo) * w, lo * w), w)
+
+    def found(self, byte: int, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The record of each of ``keys`` (all of first byte ``byte``) that is here."""
+        lo, hi = self.starts[byte], self.starts[byte + 1]
+        if lo == hi or not keys:
+            return {}
+        if len(keys) * _PROBES < hi - lo:
+            return {k: r for k in keys if (r := self._find(k, lo, hi)) is not None}
+        here = {r[:ID_SIZE]: r for r in self.ids(byte)}
+        return {k: here[k] for k in keys if k in here}
 
     def present(self, byte: int, keys: list[bytes]) -> set[bytes]:
         """Those of ``keys`` (all of first byte ``byte``) that are here."""
@@ -124,29 +136,29 @@ class _Run:
         if lo == hi or not keys:
             return set()
         if len(keys) * _PROBES < hi - lo:  # a few keys: looked up, not the byte read whole
-            return {k for k in keys if self._find(k, lo, hi)}
+            return {k for k in keys if self._find(k, lo, hi) is not None}
         return set(keys).intersection(self.ids(byte))
 
-    def _find(self, key: bytes, lo: int, hi: int) -> bool:
-        fd = self._fd
+    def _find(self, key: bytes, lo: int, hi: int) -> bytes | None:
+        fd, w = self._fd, self.width
         while lo < hi:
             mid = (lo + hi) // 2
-            got = os.pread(fd, ID_SIZE, mid * ID_SIZE)
-            if got < key:
+            got = os.pread(fd, w, mid * w)
+            if got[:ID_SIZE] < key:
                 lo = mid + 1
-            elif got > key:
+            elif got[:ID_SIZE] > key:
                 hi = mid
             else:
-                return True
-        return False
+                return got
+        return None
 
     def close(self) -> None:
         os.close(self._fd)
         self.path.unlink(missing_ok=True)
 
 
-def _split(data: bytes) -> list[bytes]:
-    return [data[i : i + ID_SIZE] for i in range(0, len(data), ID_SIZE)]
+def _split(data: bytes, width: int = ID_SIZE) -> list[bytes]:
+    return [data[i : i + width] for i in range(0, len(data), width)]
 
 
 def _by_first_byte(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
@@ -160,7 +172,7 @@ class MarkSet:
     """The ids a walk has met: `unseen` adds a batch and says which were new.
 
     Past its bound the set is the ids met since it last wrote (in memory, up to the bound)
-    and sorted runs on disk (`_Run`), merged two by two as they come (a binary counter: at
+    and sorted runs on disk (`Run`), merged two by two as they come (a binary counter: at
     most log2(n / bound) + 1 runs, each id rewritten that many times at most). An id is
     looked for run by run, first byte by first byte: a few by binary search, many by
     reading the byte's ids of each run once. So a walk that asks for a whole level at once
@@ -173,7 +185,7 @@ class MarkSet:
         self.bound = spill_bound() if bound is None else bound
         self._mem: set[bytes] = set()  # every id met, or (spilled) those since the last run
         self._dir: Path | None = None
-        self._runs: list[_Run] = []
+        self._runs: list[Run] = []
         self._n = 0
         self._made = 0  # runs written (their file names)
 
@@ -265,7 +277,7 @@ class MarkSet:
         """Write what is in memory as a run, then merge the last two runs while the older
         is no larger than the newer."""
         if self._dir is None:
-            self._dir = _scratch("marks")
+            self._dir = scratch("marks")
         self._runs.append(self._run(sorted(self._mem)))
         self._n += len(self._mem)
         self._mem = set()
@@ -273,27 +285,16 @@ class MarkSet:
             newer, older = self._runs.pop(), self._runs.pop()
             self._runs.append(self._merged(older, newer))
 
-    def _run(self, ids: list[bytes]) -> _Run:
-        assert self._dir is not None
-        self._made += 1
-        return _Run.write(self._dir / f"run-{self._made}", ids)
+    def _run(self, ids: list[bytes]) -> Run:
+        return Run.write(self._path(), ids)
 
-    def _merged(self, a: _Run, b: _Run) -> _Run:
-        # byte by byte, so that only one byte's ids of each are held; sorted() merges the
-        # two sorted lists in one linear pass (its runs are found, not re-sorted)
+    def _merged(self, a: Run, b: Run) -> Run:
+        return Run.merged(self._path(), a, b)
+
+    def _path(self) -> Path:
         assert self._dir is not None
         self._made += 1
-        path = self._dir / f"run-{self._made}"
-        starts, n = [], 0
-        with open(path, "wb") as f:
-            for byte in range(256):
-                starts.append(n)
-                ids = sorted(a.ids(byte) + b.ids(byte))
-                f.write(b"".join(ids))
-                n += len(ids)
-        a.close()
-        b.close()
-        return _Run(path, [*starts, n])
+        return self._dir / f"run-{self._made}"
 
     def close(self) -> None:
         self._mem = set()
@@ -347,7 +348,7 @@ class IdList:
 
     def _flush(self) -> None:
         if self._file is None:
-            self._dir = _scratch("level")
+            self._dir = scratch("level")
             self._file = open(self._dir / "ids", "w+b")  # noqa: SIM115 (closed by close)
             self._runs = [[] for _ in range(256)]
         self._mem.sort(key=_FIRST_BYTE)  # stable: the order within a byte is kept

@@ -56,13 +56,13 @@ forced, with ``message``.
 
 Order and memory. A transfer plans, then writes (`_Sender`): the walk gives every object a
 depth below every object to be written that links it, keeping the bytes of those dst lacks
-(`medomni_cas.store._sendplan.SendPlan`: in memory, or a temporary LMDB and a spool file
-beyond a bound), and the levels are then written deepest first. Nothing is written before
-the whole closure is read and checked, and what is held is bounded: the plan and each
-level's ids spill to disk, a write batch is at most `WRITE_ITEMS` objects (fewer for a
-backend that asks, `Backend.write_batch_items`: LMDB holds a write's pages in memory until
-it commits) and `WRITE_BYTES`, and the pages of a local store read are given back past a
-budget (`medomni_cas.store._mapped.note`).
+(`medomni_cas.store._sendplan.SendPlan`: in memory, or sorted runs of records and a spool
+file beyond a bound, never mapped), and the levels are then written deepest first.
+Nothing is written before the whole closure is read and checked, and what is held is
+bounded: the plan and each level's ids spill to disk, a write batch is at most
+`WRITE_ITEMS` objects (fewer for a backend that asks, `Backend.write_batch_items`: LMDB
+holds a write's pages in memory until it commits) and `WRITE_BYTES`, and the pages of a
+local store read are given back past a budget (`medomni_cas.store._mapped.note`).
 
 Limit: the walk costs one presence round trip per level of the DAG, so a long chain
 (each object linking only the previous one) costs one round trip per link.
@@ -243,19 +243,21 @@ class _Sender:
     def _plan(self, plan: SendPlan, roots: list[bytes]) -> list[IdList]:
         """Walk the closures of ``roots``; per depth, the ids dst lacks that may be written
         at that depth (`_write` keeps those whose depth it still is)."""
-        new, _ = plan.meet(roots, 0, deepen=False)
-        fresh, again = self._idlist(new), self._idlist()
+        fresh, again = self._idlist(), self._idlist()
+        plan.meet(roots, 0, deepen=False)
+        plan.settle(fresh, again)
         levels: list[IdList] = []
         depth = 0
         try:
             while fresh or again:
                 writes = self._idlist()
                 levels.append(writes)
-                nxt, deeper = self._idlist(), self._idlist()
                 for part in fresh.batches(_MISSING_CHUNK):
-                    self._fresh(plan, part, depth, writes, nxt, deeper)
-                for part in again.batches(_MAX_READ):
-                    self._deepened(plan, part, depth, writes, nxt, deeper)
+                    self._fresh(plan, part, depth, writes)
+                self._deepened(plan, again, depth, writes)
+                # the level's links, met above, in one pass over the plan
+                nxt, deeper = self._idlist(), self._idlist()
+                plan.settle(nxt, deeper)
                 fresh.close()
                 again.close()
                 fresh, again = nxt, deeper
@@ -269,15 +271,7 @@ class _Sender:
             again.close()
         return levels
 
-    def _fresh(
-        self,
-        plan: SendPlan,
-        part: list[bytes],
-        depth: int,
-        writes: IdList,
-        nxt: IdList,
-        deeper: IdList,
-    ) -> None:
+    def _fresh(self, plan: SendPlan, part: list[bytes], depth: int, writes: IdList) -> None:
         """Ids met for the first time at ``depth``: asked of dst, read, planned."""
         absent = set(self._missing(part))
         if self.present == "trust":
@@ -286,39 +280,23 @@ class _Sender:
             part = [k for k in part if k in absent or k not in self.trusted]
         for keys, datas, links in self._level(part, absent):
             if not keys:  # dst has them: only their links matter
-                new, _ = plan.meet(links, depth + 1, deepen=False)
-                nxt.extend(new)
+                plan.meet(links, depth + 1, deepen=False)
                 continue
-            plan.hold(list(zip(keys, datas, strict=True)))
+            plan.hold(list(zip(keys, datas, strict=True)), depth)
             writes.extend(keys)
-            new, moved = plan.meet(links, depth + 1, deepen=True)
-            nxt.extend(new)
-            deeper.extend(moved)
+            plan.meet(links, depth + 1, deepen=True)
 
-    def _deepened(
-        self,
-        plan: SendPlan,
-        part: list[bytes],
-        depth: int,
-        writes: IdList,
-        nxt: IdList,
-        deeper: IdList,
-    ) -> None:
+    def _deepened(self, plan: SendPlan, again: IdList, depth: int, writes: IdList) -> None:
         """Ids moved to ``depth`` (met before, higher up): those to be written are planned
         here, and what they link moved below them."""
-        keys = [
-            k for k, (d, held) in zip(part, plan.lookup(part), strict=True) if held and d == depth
-        ]
-        if not keys:
-            return
-        writes.extend(keys)
-        ids, _, errors = self.reader.links(plan.held(keys), owners=False)
-        if errors:  # cannot happen: they were checked when read
-            j, e = next(iter(errors.items()))
-            raise InvalidObject(f"object {bytes(keys[j]).hex()} in {self.src.url}: {e}")
-        new, moved = plan.meet(ids, depth + 1, deepen=True)
-        nxt.extend(new)
-        deeper.extend(moved)
+        for items in plan.select(again, depth):
+            keys = [k for k, _ in items]
+            writes.extend(keys)
+            ids, _, errors = self.reader.links([data for _, data in items], owners=False)
+            if errors:  # cannot happen: they were checked when read
+                j, e = next(iter(errors.items()))
+                raise InvalidObject(f"object {bytes(keys[j]).hex()} in {self.src.url}: {e}")
+            plan.meet(ids, depth + 1, deepen=True)
 
     def _level(
         self, frontier: list[bytes], absent: set[bytes]
@@ -414,13 +392,8 @@ class _Sender:
     def _write(self, plan: SendPlan, levels: list[IdList]) -> None:
         """Write the plan deepest level first; a level's batches all before the next's."""
         for depth in reversed(range(len(levels))):
-            for part in levels[depth].batches(self.write_items):
-                keys = [
-                    k
-                    for k, (d, held) in zip(part, plan.lookup(part), strict=True)
-                    if held and d == depth
-                ]
-                for key, data in zip(keys, plan.held(keys), strict=True):
+            for items in plan.select(levels[depth], depth):
+                for key, data in items:
                     self.buffer.append((key, data))
                     self.buffer_bytes += len(data)
                     if len(self.buffer) >= self.write_items or self.buffer_bytes >= WRITE_BYTES:
