@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import medomni_cas as mc
-from medomni_cas.store import encoding, sync
+from medomni_cas.store import _sendplan, encoding, sync
 from medomni_cas.store._sendplan import SendPlan
 from medomni_cas.store._spill import IdList
 from medomni_cas.store.blobs import blob_object
@@ -192,3 +192,31 @@ def test_a_spilled_plan_maps_none_of_its_files() -> None:
         assert dict(_selected(plan, ids[:100], 1)) == dict.fromkeys(ids[50:100], b"x" * 30)
         assert plan.spilled and plan._dir is not None
         assert _mapped_under(plan._dir) == []
+
+
+def test_select_reads_a_level_of_large_objects_a_part_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Objects of one first byte whose bytes together pass the part's bound are read and
+    given a part at a time, not the byte's all at once."""
+    monkeypatch.setattr(_sendplan, "_PART_BYTES", 1000)
+    ids = [k for k in _ids(3000) if k[0] == 7][:8]  # all of one first byte
+    assert len(ids) == 8
+    reads: list[int] = []
+    read = SendPlan._bytes
+
+    def counted(self: SendPlan, picked: Any) -> list[bytes]:
+        got = read(self, picked)
+        reads.append(sum(map(len, got)))
+        return got
+
+    monkeypatch.setattr(SendPlan, "_bytes", counted)
+    with SendPlan(bound=4, held_bytes=100) as plan:
+        plan.meet(ids, 0, deepen=False)
+        _settled(plan)
+        plan.hold([(k, bytes([i]) * 400) for i, k in enumerate(ids)], 0)
+        assert plan.spilled
+        parts = [part for part in plan.select(IdList(ids), 0) if part]
+    assert [k for part in parts for k, _ in part] == ids
+    assert all(data == bytes([ids.index(k)]) * 400 for part in parts for k, data in part)
+    assert max(reads) <= 1000 + 400 and len(parts) == 3, (reads, list(map(len, parts)))

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from medomni_cas.store._spill import IdList, Run, scratch, spill_bound
+from medomni_cas.store._spill import IdList, Run, by_first_byte, scratch, spill_bound
 
 __all__ = ["HELD_BYTES", "SendPlan"]
 
@@ -44,7 +44,7 @@ _RECORD = struct.Struct("<32sIQI")  # id, depth, offset of its bytes in the spoo
 _NONE = (1 << 64) - 1  # the offset of an object whose bytes are not held
 _MEM = (1 << 64) - 2  # the offset of one whose bytes are held in memory
 _PART_ITEMS = 4_096  # objects `select` gives at a time, at most
-_PART_BYTES = 16 << 20  # and bytes (one object larger than this comes alone)
+_PART_BYTES = 16 << 20  # and bytes, about (an object is never cut)
 _READ_SPAN = 8 << 20  # bytes of neighbouring objects in the spool read with one pread
 
 _Fields = tuple[int, int, int]  # depth, offset, length
@@ -179,7 +179,7 @@ class SendPlan:
         held, self._held, self._nbytes = self._held, {}, 0
         items = sorted(held.items())
         depths: list[int] = []
-        for byte, keys in _first_bytes([k for k, _ in items]):
+        for byte, keys in by_first_byte(k for k, _ in items).items():
             found = self._find(byte, keys)
             depths += [found[k][0] for k in keys]
         self._spooled(items, depths)
@@ -195,11 +195,18 @@ class SendPlan:
             if len(found) < len(set(keys)):
                 gone = next(k for k in keys if k not in found)
                 raise KeyError(f"an id the plan has not met: {gone.hex()}")
-            picked = [(k, found[k]) for k in keys if found[k][0] == depth]
-            picked = [(k, f) for k, f in picked if f[1] != _NONE]
-            for key, data in zip((k for k, _ in picked), self._bytes(picked), strict=True):
-                part.append((key, data))
-                size += len(data)
+            picked = [(k, f) for k in keys if (f := found[k])[0] == depth and f[1] != _NONE]
+            # cut by the lengths the records give before reading: a byte's objects of a
+            # level of large ones are not read at once
+            i = 0
+            while i < len(picked):
+                j = i
+                while j < len(picked) and len(part) + j - i < _PART_ITEMS and size < _PART_BYTES:
+                    size += picked[j][1][2]
+                    j += 1
+                chunk = picked[i:j]
+                part += zip((k for k, _ in chunk), self._bytes(chunk), strict=True)
+                i = j
                 if len(part) >= _PART_ITEMS or size >= _PART_BYTES:
                     yield part
                     part, size = [], 0
@@ -275,18 +282,6 @@ class SendPlan:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-
-def _first_bytes(keys: list[bytes]) -> Iterator[tuple[int, list[bytes]]]:
-    """Each first byte of ``keys`` (sorted) and its keys."""
-    i = 0
-    while i < len(keys):
-        byte = keys[i][0]
-        j = i
-        while j < len(keys) and keys[j][0] == byte:
-            j += 1
-        yield byte, keys[i:j]
-        i = j
 
 
 def _by_byte(a: IdList, b: IdList) -> Iterator[tuple[int, list[bytes], list[bytes]]]:

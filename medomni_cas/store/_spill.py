@@ -45,7 +45,7 @@ from typing import BinaryIO
 from medomni_cas.store._fast import unseen
 from medomni_cas.store.ids import ID_SIZE
 
-__all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "Run", "scratch", "spill_bound"]
+__all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "Run", "by_first_byte", "scratch", "spill_bound"]
 
 #: Ids held in memory by one set or list before it spills (about 13 MB as a set).
 DEFAULT_BOUND = 1 << 17
@@ -144,9 +144,10 @@ class Run:
         while lo < hi:
             mid = (lo + hi) // 2
             got = os.pread(fd, w, mid * w)
-            if got[:ID_SIZE] < key:
+            here = got[:ID_SIZE]
+            if here < key:
                 lo = mid + 1
-            elif got[:ID_SIZE] > key:
+            elif here > key:
                 hi = mid
             else:
                 return got
@@ -161,7 +162,9 @@ def _split(data: bytes, width: int = ID_SIZE) -> list[bytes]:
     return [data[i : i + width] for i in range(0, len(data), width)]
 
 
-def _by_first_byte(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
+def by_first_byte(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
+    """Each first byte of ``keys`` and its keys, in the order met (for sorted keys, in
+    byte order)."""
     out: dict[int, list[bytes]] = {}
     for k in keys:
         out.setdefault(k[0], []).append(k)
@@ -254,7 +257,7 @@ class MarkSet:
         """Those of ``keys`` in the runs on disk."""
         out: set[bytes] = set()
         if keys and self._runs:
-            for byte, part in _by_first_byte(keys).items():
+            for byte, part in by_first_byte(keys).items():
                 out |= self._in_runs(byte, part)
         return out
 
