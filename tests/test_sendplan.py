@@ -220,3 +220,18 @@ def test_select_reads_a_level_of_large_objects_a_part_at_a_time(
     assert [k for part in parts for k, _ in part] == ids
     assert all(data == bytes([ids.index(k)]) * 400 for part in parts for k, data in part)
     assert max(reads) <= 1000 + 400 and len(parts) == 3, (reads, list(map(len, parts)))
+
+
+def test_a_spool_cut_short_on_disk_is_an_error_not_short_objects() -> None:
+    """A spool that lost its tail gives no object cut short (which a destination might
+    otherwise store under its id): selecting it is an error."""
+    ids = _ids(40)
+    with SendPlan(bound=8, held_bytes=50) as plan:
+        plan.meet(ids, 0, deepen=False)
+        _settled(plan)
+        plan.hold([(k, b"%d" % i * 20) for i, k in enumerate(ids)], 0)
+        assert plan._spool is not None and plan._dir is not None
+        plan._spool.flush()
+        plan._spool.truncate(plan._end - 5)
+        with pytest.raises(OSError, match="spool gave"):
+            _selected(plan, ids, 0)

@@ -293,3 +293,19 @@ def test_a_level_settled_at_once_is_what_each_batch_would_have_found() -> None:
         maps = Path("/proc/self/maps")
         if maps.exists():
             assert str(disk._dir) not in maps.read_text()
+
+
+def test_a_run_cut_short_on_disk_is_an_error_not_fewer_ids(tmp_path: Path) -> None:
+    """A spill file that lost its tail (a full disk, another process) is never read as a
+    shorter run: an id cut in two would otherwise be a wrong answer, not a missing one."""
+    ids = sorted(_ids(600))
+    with MarkSet(bound=100) as marks:
+        marks.add(ids)
+        assert marks.spilled
+        run = marks._runs[0]
+        byte = next(b for b in range(256) if run.starts[b + 1] > run.starts[b])
+        os.truncate(run.path, run.starts[byte] * run.width + 10)
+        with pytest.raises(OSError, match="not whole 32-byte records"):
+            run.ids(byte)
+        with pytest.raises(OSError, match="not whole"):
+            marks.absent([k for k in ids if k[0] == byte] * 40)

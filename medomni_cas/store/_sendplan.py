@@ -30,7 +30,10 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from itertools import accumulate, filterfalse
+from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO
 
@@ -41,6 +44,7 @@ __all__ = ["HELD_BYTES", "SendPlan"]
 #: Bytes of objects held in memory by a plan before it spills.
 HELD_BYTES = 32 << 20
 _RECORD = struct.Struct("<32sIQI")  # id, depth, offset of its bytes in the spool, length
+_FIELDS = struct.Struct("<IQI")  # a record without its id
 _NONE = (1 << 64) - 1  # the offset of an object whose bytes are not held
 _MEM = (1 << 64) - 2  # the offset of one whose bytes are held in memory
 _PART_ITEMS = 4_096  # objects `select` gives at a time, at most
@@ -48,6 +52,7 @@ _PART_BYTES = 16 << 20  # and bytes, about (an object is never cut)
 _READ_SPAN = 8 << 20  # bytes of neighbouring objects in the spool read with one pread
 
 _Fields = tuple[int, int, int]  # depth, offset, length
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 class SendPlan:
@@ -116,10 +121,10 @@ class SendPlan:
             for byte, keys, deepening in _by_byte(plain, deep):
                 unique = list(dict.fromkeys(keys + deepening))
                 found = self._find(byte, unique)
-                fresh = [k for k in unique if k not in found]
+                fresh = list(filterfalse(found.__contains__, unique))
                 moved = [k for k in dict.fromkeys(deepening) if k in found and found[k][0] < depth]
-                for k in fresh:
-                    self._recent[k] = (depth, _NONE, 0)
+                # one record shared by every fresh id (a tuple: never changed, replaced)
+                self._recent.update(dict.fromkeys(fresh, (depth, _NONE, 0)))
                 for k in moved:
                     _, offset, length = found[k]
                     self._recent[k] = (depth, offset, length)
@@ -140,8 +145,7 @@ class SendPlan:
                 break
             got = run.found(byte, rest)
             if got:
-                for k, record in got.items():
-                    out[k] = _RECORD.unpack(record)[1:]
+                out.update(zip(got, map(_FIELDS.unpack, got.values()), strict=True))
                 rest = [k for k in rest if k not in got]
         return out
 
@@ -168,11 +172,15 @@ class SendPlan:
         start = self._end
         self._spool.seek(start)
         # through the file's buffer, not joined first: what is held is not held twice
-        self._spool.writelines(data for _, data in items)
-        for (key, data), depth in zip(items, depths, strict=True):
-            self._recent[key] = (depth, start, len(data))
-            start += len(data)
-        self._end = start
+        datas = list(map(_SECOND, items))
+        self._spool.writelines(datas)
+        lengths = list(map(len, datas))
+        offsets = accumulate(lengths, initial=start)
+        self._recent.update(
+            # offsets ends with the end of the last: one more than the others
+            zip(map(_FIRST, items), zip(depths, offsets, lengths, strict=False), strict=True)
+        )
+        self._end = start + sum(lengths)
 
     def _to_spool(self) -> None:
         """Move the bytes held in memory to the spool, their depths kept."""
@@ -198,14 +206,16 @@ class SendPlan:
             picked = [(k, f) for k in keys if (f := found[k])[0] == depth and f[1] != _NONE]
             # cut by the lengths the records give before reading: a byte's objects of a
             # level of large ones are not read at once
+            ends = list(accumulate(f[2] for _, f in picked))  # bytes up to each, inclusive
             i = 0
             while i < len(picked):
-                j = i
-                while j < len(picked) and len(part) + j - i < _PART_ITEMS and size < _PART_BYTES:
-                    size += picked[j][1][2]
-                    j += 1
+                before = ends[i - 1] if i else 0
+                # up to the first object that fills the part (included: none is cut)
+                j = bisect_left(ends, before + _PART_BYTES - size, lo=i) + 1
+                j = min(j, i + _PART_ITEMS - len(part), len(picked))
                 chunk = picked[i:j]
-                part += zip((k for k, _ in chunk), self._bytes(chunk), strict=True)
+                part += zip(map(_FIRST, chunk), self._bytes(chunk), strict=True)
+                size += ends[j - 1] - before
                 i = j
                 if len(part) >= _PART_ITEMS or size >= _PART_BYTES:
                     yield part
@@ -216,33 +226,38 @@ class SendPlan:
     def _bytes(self, picked: list[tuple[bytes, _Fields]]) -> list[bytes]:
         """The bytes of each record of ``picked``: neighbours in the spool in one read."""
         out = [b""] * len(picked)
-        order = []
+        spooled = []  # (offset, length, index) of those in the spool
+        held = self._held
         for j, (key, (_, offset, length)) in enumerate(picked):
             if offset == _MEM:
-                out[j] = self._held[key]
+                out[j] = held[key]
             elif length:
-                order.append(j)
-        if not order:
+                spooled.append((offset, length, j))
+        if not spooled:
             return out
         assert self._spool is not None
         self._spool.flush()
         fd = self._spool.fileno()
-        order.sort(key=lambda j: picked[j][1][1])
-        i = 0
-        while i < len(order):
+        spooled.sort()
+        i, n = 0, len(spooled)
+        while i < n:
             # a span of objects that lie end to end in the spool (a level's, held together)
-            _, start, length = picked[order[i]][1]
+            start, length, _ = spooled[i]
             end, k = start + length, i + 1
-            while k < len(order):
-                _, offset, length = picked[order[k]][1]
+            while k < n:
+                offset, length, _ = spooled[k]
                 if offset != end or end + length - start > _READ_SPAN:
                     break
                 end += length
                 k += 1
             blob = os.pread(fd, end - start, start)
-            for j in order[i:k]:
-                _, offset, length = picked[j][1]
-                out[j] = blob[offset - start : offset - start + length]
+            if len(blob) != end - start:
+                raise OSError(f"the send plan's spool gave {len(blob)} of {end - start} bytes")
+            if k == i + 1:
+                out[spooled[i][2]] = blob
+            else:
+                for offset, length, j in spooled[i:k]:
+                    out[j] = blob[offset - start : offset - start + length]
             i = k
         return out
 
@@ -257,9 +272,10 @@ class SendPlan:
         while the older is no larger than the newer (a binary counter)."""
         if len(self._recent) <= self.bound:
             return
-        pack = _RECORD.pack
-        records = sorted(pack(k, *f) for k, f in self._recent.items())
-        self._recent = {}
+        recent, self._recent = self._recent, {}
+        # packed in one C-level pass: the fields as three columns
+        records = sorted(map(_RECORD.pack, recent, *zip(*recent.values(), strict=True)))
+        del recent
         self._runs.append(Run.write(self._path(), records, _RECORD.size))
         while len(self._runs) >= 2 and self._runs[-2].n <= self._runs[-1].n:
             newer, older = self._runs.pop(), self._runs.pop()
