@@ -12,9 +12,10 @@ temporary directory (``TMPDIR``), removed when they are closed:
     it a whole level of links at once (`MarkSet.defer`, `MarkSet.settle`) and it answers
     in one pass over each first byte's ids, read with ``pread``;
 `IdList`
-    one level of a walk, iterated in batches in the order a walk reads it (stably sorted
-    by first byte, which is LMDB's page order): a list, then runs appended to a file,
-    each run cut by first byte so that reading back gives the same order.
+    one level of a walk, iterated in batches in the order a walk reads it (sorted, the
+    order of LMDB's keys: neighbouring ids share B-tree leaves, read once for all of
+    them): a list, then sorted runs appended to a file, each cut by first byte, a byte's
+    runs sorted together when it is read back.
 
 Neither changes an answer: the same ids come out in the same order either way (the tests
 force a tiny bound and compare). Neither maps its files, so what they read is the page
@@ -333,8 +334,8 @@ class MarkSet:
 
 
 class IdList:
-    """One level of a walk: ids appended, read back in batches, stably sorted by first
-    byte (LMDB's page order), the order a walk reads them in."""
+    """One level of a walk: ids appended, read back in batches, sorted (LMDB's key
+    order), the order a walk reads them in."""
 
     def __init__(self, ids: Iterable[bytes] = (), bound: int | None = None) -> None:
         self.bound = spill_bound() if bound is None else bound
@@ -376,7 +377,7 @@ class IdList:
             self._dir = scratch("level")
             self._file = open(self._dir / "ids", "w+b")  # noqa: SIM115 (closed by close)
             self._runs = [[] for _ in range(256)]
-        self._mem.sort(key=_FIRST_BYTE)  # stable: the order within a byte is kept
+        self._mem.sort()
         f = self._file
         f.seek(0, os.SEEK_END)
         held = self._mem
@@ -396,23 +397,17 @@ class IdList:
         """Every id in walk order (see the class), ``size`` at a time; may be read again."""
         if self._file is None:
             if not self._sorted:
-                self._mem.sort(key=_FIRST_BYTE)
+                self._mem.sort()
                 self._sorted = True
             for i in range(0, len(self._mem), size):
                 yield self._mem[i : i + size]
             return
-        if self._mem:
-            self._flush()
-        f = self._file
         out: list[bytes] = []
-        for runs in self._runs:
-            for offset, count in runs:
-                f.seek(offset)
-                data = f.read(count * ID_SIZE)
-                out += _split(data)
-                while len(out) >= size:
-                    yield out[:size]
-                    out = out[size:]
+        for _, ids in self._spilled_bytes():
+            out += ids
+            while len(out) >= size:
+                yield out[:size]
+                out = out[size:]
         if out:
             yield out
 
@@ -428,15 +423,21 @@ class IdList:
                 yield byte, held[i:j]
                 i = j
             return
+        yield from self._spilled_bytes()
+
+    def _spilled_bytes(self) -> Iterator[tuple[int, list[bytes]]]:
+        """Each first byte in the file and its ids, sorted (the ids held written first)."""
         if self._mem:
             self._flush()
         f = self._file
+        assert f is not None
         for byte, runs in enumerate(self._runs):
             if runs:
                 ids: list[bytes] = []
                 for offset, count in runs:
                     f.seek(offset)
                     ids += _split(f.read(count * ID_SIZE))
+                ids.sort()  # sorted runs end to end: a merge, for Python's sort
                 yield byte, ids
 
     def as_list(self) -> list[bytes] | None:
@@ -444,7 +445,7 @@ class IdList:
         if self._file is not None:
             return None
         if not self._sorted:
-            self._mem.sort(key=_FIRST_BYTE)
+            self._mem.sort()
             self._sorted = True
         return self._mem
 
