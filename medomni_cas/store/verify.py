@@ -245,7 +245,7 @@ class _Walk:
                 gone: list[bytes] = []
                 # read in key order: a batch's neighbouring ids share B-tree leaves, each
                 # faulted once for all of them (a level of 1.44M objects read in first-byte
-                # order faulted 536k times, sorted 390k: RESULTS.md, stop 28)
+                # order faulted 536k times, sorted 390k: RESULTS.md, stop 29)
                 held = frontier.as_list()
                 keys = held if held is not None else frontier.batches(BATCH)
                 try:
