@@ -469,7 +469,7 @@ def test_the_harbor_relay_refuses_a_large_body_unread() -> None:
             raise AssertionError(f"the relay used the environment ({name})")
 
     async def post() -> bytes:
-        with _Relay(Untouched(), "http://perception:8899") as relay:
+        async with _Relay(Untouched(), "http://perception:8899") as relay:
             host, port = relay.server.server_address[:2]
 
             def talk() -> bytes:
