@@ -265,9 +265,8 @@ class MarkSet:
         pending.extend(filterfalse(self._mem.__contains__, dict.fromkeys(ids)))
 
     def settle(self, pending: IdList, into: IdList) -> None:
-        """Put in ``into`` the ids of ``pending`` not met before, each once, in the order
-        `unseen` of each batch in turn would have given them (stably sorted by first byte,
-        as ``into`` keeps them anyway); they are met now."""
+        """Put in ``into`` the ids of ``pending`` not met before, each once (sorted, as
+        ``into`` keeps them anyway); they are met now."""
         for byte, keys in pending.by_first_byte():
             fresh = list(filterfalse(self._mem.__contains__, dict.fromkeys(keys)))
             met = self._in_runs(byte, fresh)
