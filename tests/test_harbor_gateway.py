@@ -199,3 +199,31 @@ def test_relay_refuses_what_is_not_an_http_request(job: Job, tmp_path: Path) -> 
         s.sendall(b"GET http://perception:8899/health HTTP/1.0\r\n\r\n")  # a proxy's form
         reply = s.makefile("rb").read()
     assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b'{"ok":true}')
+
+
+def test_a_kept_relay_serves_one_trial_after_another_by_its_token_file(
+    job: Job, tmp_path: Path
+) -> None:
+    """A relay kept for the job's trials reads its token from a file at each request: no
+    file or an empty one is refused (between trials), and each trial's calls are credited
+    to that trial alone, through the same relay process."""
+    token_file = tmp_path / "relay-token"
+    port = _free_port()
+    job.start("relay", str(port), str(job.sock), f"@{token_file}")
+    relay = f"http://127.0.0.1:{port}"
+    status, body = _encode(relay)  # no trial yet
+    assert status == 503 and "no trial" in body["error"]
+    a, b = _task(tmp_path / "tasks", "a", 5), _task(tmp_path / "tasks", "b", 5)
+    token_file.write_text(job.gw.open(a) + "\n")
+    assert _encode(relay)[0] == 200
+    done_a = job.gw.close("a", None)
+    token_file.write_text("")  # given back: emptied before another trial takes it
+    assert _encode(relay)[0] == 503
+    token_file.write_text(job.gw.open(b))
+    assert [_encode(relay)[0], _encode(relay)[0]] == [200, 200]
+    done_b = job.gw.close("b", None)
+    assert done_a is not None and done_b is not None
+    assert [c.status for c in done_a.calls] == ["ok"]
+    assert [c.status for c in done_b.calls] == ["ok", "ok"]
+    token_file.write_text("../etc/passwd")  # a file holding no token: refused, not sent
+    assert _encode(relay)[0] == 503

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,7 @@ def probed(
     with pytest.MonkeyPatch.context() as mp, mc.open(built) as store:
         mp.setenv("DOCKER_HOST", engine.host)  # Harbor's docker environment runs the CLI
         for env in ("docker", "harbor-docker"):
+            since = time.time()
             name = f"relay-probe-{env}"
             (tree / f"bench/agents/{name}.yaml").write_text(yaml.safe_dump({**doc, "agent": name}))
             runner = HarborRunner(environment=env, docker_host=engine.host, concurrency=2)
@@ -117,6 +119,18 @@ def probed(
                 shard=_shard(store, tree, name, 5, (REQ,)),
             )
             out[env] = [(r, _log(store, r, "agent.probe.txt").decode()) for r in _runs(store, name)]
+            if env == "docker":  # the relays the job started (it keeps them for its trials)
+                events = engine.client.events(
+                    since=int(since),
+                    until=int(time.time()) + 1,
+                    decode=True,
+                    filters={"type": "container", "event": "create"},
+                )
+                _RELAYS_CREATED[env] = sum(  # the forwarder is of the same image
+                    1
+                    for e in events
+                    if "-relay-" in e.get("Actor", {}).get("Attributes", {}).get("name", "")
+                )
     ours = ("medomni-harbor.trial-dir", "medomni-harbor.tasks")
     compose_dir = "com.docker.compose.project.working_dir"
     left = [  # of this module's runs (an engine may be shared with other runs)
@@ -130,6 +144,18 @@ def probed(
         v for v in volumes if v.attrs["Labels"]["medomni-harbor.tasks"].startswith(str(root))
     ]
     return out
+
+
+_RELAYS_CREATED: dict[str, int] = {}
+
+
+def test_our_environment_keeps_a_relay_for_the_jobs_next_trials(
+    probed: dict[str, list[tuple[RunRecord, str]]],
+) -> None:
+    """Trials 2 at a time: 2 relays serve them all (each trial's own calls and closed
+    network are checked by the test below, on the same trials)."""
+    assert len(probed["docker"]) > 2
+    assert 1 <= _RELAYS_CREATED["docker"] <= 2, _RELAYS_CREATED
 
 
 @pytest.mark.parametrize("env", ["docker", "harbor-docker"])

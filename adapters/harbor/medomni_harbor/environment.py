@@ -9,7 +9,14 @@ Per trial it starts:
   base, no host mounts) with ``--network none`` and ``--add-host perception:127.0.0.1``,
   listening on port 8899 and forwarding each request, with the trial's token, through a unix
   socket in the job's named volume to the job's gateway (`medomni_harbor.gateway`), where
-  the trial's budget, family filter and call log are kept;
+  the trial's budget, family filter and call log are kept. A relay serves one trial at a
+  time and is kept for the job's next trial once its trial's container is gone: its token
+  is a file in its own file system (`RELAY_TOKEN_FILE`, which the agent's container does
+  not share), written when a trial takes it, so it holds one trial's token at a time (the
+  last trial's, revoked at the gateway, until the next takes it; a new relay refuses every
+  request until then). A container's start and removal cost about 300 ms of CPU on a local
+  engine: a relay per trial was about a quarter of a short trial's cost. The job's relays
+  are removed with it;
 * the agent's container from the task's ``docker_image``, with ``sleep infinity`` as its main
   process (under ``--init``), the task's cpus and memory as hard limits, and either
   ``--network container:<relay>`` (it shares the relay's loopback, so
@@ -19,7 +26,8 @@ Neither container has any interface but ``lo`` nor any route: this does not depe
 engine's iptables (a Docker ``--internal`` network does, and leaks without them). Commands run
 as ``bash -c``; files move as tar archives (``put_archive``/``get_archive``). When the trial
 stops, its token is revoked, its call log and served-encoder list go to
-``<trial>/perception/``, and both containers are removed. Containers carry the owning process
+``<trial>/perception/``, the agent's container is removed and the relay kept (or removed,
+when it cannot be emptied). Containers carry the owning process
 in a label, so a later run removes what a killed one left behind
 (`medomni_harbor._docker.remove_stale`).
 """
@@ -30,6 +38,7 @@ import contextlib
 import json
 import os
 import shlex
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -56,6 +65,8 @@ _MODE_DIR = 1 << 31
 _MODE_SYMLINK = 1 << 27
 _MODE_TYPE = _MODE_DIR | _MODE_SYMLINK | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
 _LOG_TAIL = 256 * 1024
+#: in the relay's own file system (the agent's container shares only its network)
+RELAY_TOKEN_FILE = "/run/medomni-relay/token"
 
 
 class ContainerFailure(RuntimeError):
@@ -117,6 +128,7 @@ class MedomniDockerEnvironment(BaseEnvironment):
         self._health_timeout = health_timeout_sec
         self._main: Any = None
         self._relay: Any = None
+        self._relay_since = 0  # when this trial took its relay (its part of the relay's log)
         self._gateway: gateway.JobGateway | None = None
         super().__init__(
             environment_dir,
@@ -233,44 +245,78 @@ class MedomniDockerEnvironment(BaseEnvironment):
                 f"the task {self._task_dir.name} attaches the perception service, but no job "
                 "gateway is open for it in this process (run it with the harbor runner)"
             )
-        image = c.images.get(self._relay_image)
         token = job.open(self._task_dir)
         self._gateway = job
-        self._relay = c.containers.create(
-            image.id,
-            command=["medomni-relay", "relay", str(PERCEPTION_PORT), RELAY_SOCKET, token],
-            name=_name(self.session_id, "perception"),
-            network_mode="none",
-            extra_hosts={"perception": "127.0.0.1"},
-            volumes={job.volume: {"bind": RELAY_MOUNT, "mode": "ro"}},
-            labels=self._labels("perception"),
-            **self._limits(self._relay_cpus, self._relay_memory_mb),
-        )
-        self._relay.start()
-        gateway.wait_ready(self._relay, self._health_timeout, "the perception relay")
+        relay = _alive(job.take_relay())
+        if relay is None:  # none kept by an earlier trial of the job: a new one
+            relay = c.containers.create(
+                c.images.get(self._relay_image).id,
+                # the token is read from a file at each request: the relay serves the job's
+                # trials one after another, each with its own token (see `_remove`)
+                command=[
+                    "medomni-relay",
+                    "relay",
+                    str(PERCEPTION_PORT),
+                    RELAY_SOCKET,
+                    f"@{RELAY_TOKEN_FILE}",
+                ],
+                name=f"{job.forwarder.name}-relay-{os.urandom(4).hex()}",
+                network_mode="none",
+                extra_hosts={"perception": "127.0.0.1"},
+                volumes={job.volume: {"bind": RELAY_MOUNT, "mode": "ro"}},
+                labels={  # the job's, not a trial's: it serves several
+                    _docker.LABEL: "perception",
+                    _docker.OWNER_LABEL: _docker.owner(),
+                    "medomni-harbor.tasks": str(job.tasks_root),
+                },
+                **self._limits(self._relay_cpus, self._relay_memory_mb),
+            )
+            relay.start()
+            gateway.wait_ready(relay, self._health_timeout, "the perception relay")
+        self._relay_since = int(time.time())
+        try:
+            relay.put_archive("/", _token_tar(token))
+        except BaseException:  # not this trial's, nor kept for another
+            with contextlib.suppress(Exception):
+                relay.remove(force=True)
+            raise
+        self._relay = relay
 
     async def stop(self, delete: bool) -> None:
         await _docker.in_thread(self._remove, delete)
 
     def _remove(self, delete: bool) -> None:
-        if self._gateway is not None:  # its token ends first: nothing left running can call
+        job = self._gateway
+        if job is not None:  # its token ends first: nothing left running can call
             with contextlib.suppress(Exception):
-                self._gateway.close(self._task_dir.name, self.trial_paths.trial_dir)
+                job.close(self._task_dir.name, self.trial_paths.trial_dir)
             self._gateway = None
         if self._relay is not None:
             with contextlib.suppress(Exception):
-                log = self._relay.logs()
+                log = self._relay.logs(since=self._relay_since)
                 folder = self.trial_paths.trial_dir / PERCEPTION_DIR
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "relay.log").write_bytes(log[-_LOG_TAIL:])
-        for ctr in (self._main, self._relay):  # the agent first: it uses the relay's network
-            if ctr is None:
-                continue
+        main_gone = self._main is None
+        if self._main is not None:  # the agent first: it uses the relay's network
             with contextlib.suppress(Exception):
                 if delete:
-                    ctr.remove(force=True)
+                    self._main.remove(force=True)
+                    main_gone = True
                 else:
-                    ctr.kill()
+                    self._main.kill()
+        if self._relay is not None:
+            if delete and main_gone and job is not None:
+                # kept for the job's next trial: nothing of this one is left in its network
+                # namespace, and the token it holds is revoked at the gateway (a request
+                # with it is refused and credited to no trial) until the next writes its own
+                job.give_back_relay(self._relay)
+            else:
+                with contextlib.suppress(Exception):
+                    if delete:
+                        self._relay.remove(force=True)
+                    else:
+                        self._relay.kill()
         if delete:
             self._main = self._relay = None
 
@@ -396,6 +442,38 @@ class MedomniDockerEnvironment(BaseEnvironment):
         except docker.errors.NotFound:
             raise FileNotFoundError(f"{source_dir} is not in the container") from None
         await _engine(_docker.extract_tree, chunks, Path(target_dir))
+
+
+def _token_tar(token: str) -> bytes:
+    """The relay's token file, as one ``put_archive("/")``."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        folder = tarfile.TarInfo(str(PurePosixPath(RELAY_TOKEN_FILE).parent).lstrip("/"))
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+        tar.addfile(folder)
+        data = f"{token}\n".encode()
+        info = tarfile.TarInfo(RELAY_TOKEN_FILE.lstrip("/"))
+        info.size, info.mode = len(data), 0o600
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _alive(ctr: Any) -> Any:
+    """``ctr`` if it is still running (a kept relay may have died), else None (removed)."""
+    if ctr is None:
+        return None
+    try:
+        ctr.reload()
+        if ctr.status == "running":
+            return ctr
+    except Exception:
+        pass
+    with contextlib.suppress(Exception):
+        ctr.remove(force=True)
+    return None
 
 
 def _limit_mode() -> Any:

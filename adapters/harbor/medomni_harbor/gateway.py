@@ -13,13 +13,15 @@ How a trial's container reaches it, on our docker environment::
     agent container --(lo only, shared)--> relay :8899 --(unix socket, named volume)-->
         forwarder (host network) --> 127.0.0.1:<gateway port>
 
-The relay (``medomni-relay relay``, `medomni_harbor.images`) runs per trial in the network
-namespace the agent's container joins: it has only ``lo`` and no route, and it knows only its
-token and the socket's path. The forwarder (``medomni-relay forward``) runs once per job,
-with the host's network, and listens on a unix socket in a Docker named volume the relays
-mount read-only: the relays reach the gateway through a file, never a network route. No host
-folder is mounted anywhere. `medomni_harbor.compose` renders the same topology as a task's
-``docker-compose.yaml`` (relay, forwarder and ``main`` per trial).
+The relay (``medomni-relay relay``, `medomni_harbor.images`) runs in the network namespace the
+agent's container joins, for one trial at a time (the job keeps it for its next trial:
+`take_relay`, `give_back_relay`): it has only ``lo`` and no route, and it knows only the
+token of the trial it serves and the socket's path. The forwarder (``medomni-relay
+forward``) runs once per job, with the host's network, and listens on a unix socket in a
+Docker named volume the relays mount read-only: the relays reach the gateway through a
+file, never a network route. No host folder is mounted anywhere. `medomni_harbor.compose`
+renders the same topology as a task's ``docker-compose.yaml`` (relay, forwarder and
+``main`` per trial).
 
 Environments find their job's gateway through `lookup`, by the task folder (Harbor builds
 environments from its own configuration, which holds no Python objects).
@@ -120,6 +122,9 @@ class JobGateway:
         self.url = ""
         self.volume = ""
         self.forwarder: Any = None
+        # relays no trial holds now, kept for the job's next trials (a container's start
+        # and removal cost about as much CPU as a short trial's own work)
+        self._idle_relays: list[Any] = []
 
     # -- the server --------------------------------------------------------------------------
     def __enter__(self) -> JobGateway:
@@ -190,6 +195,23 @@ class JobGateway:
             write_trial_files(state.gateway, trial_dir)
         return state.gateway
 
+    # -- relays kept for the job's trials (our docker environment) ---------------------------
+    def take_relay(self) -> Any | None:
+        """A relay container a finished trial gave back (its token file emptied), or None."""
+        with self._lock:
+            return self._idle_relays.pop() if self._idle_relays else None
+
+    def give_back_relay(self, ctr: Any) -> None:
+        """Keep ``ctr`` for a later trial of this job; removed when the job's gateway closes."""
+        with self._lock:
+            self._idle_relays.append(ctr)
+
+    def _remove_idle_relays(self) -> None:
+        with self._lock:
+            left, self._idle_relays = self._idle_relays, []
+        for ctr in left:
+            _remove_container(ctr)
+
     # -- the forwarder (our docker environment) ----------------------------------------------
     def start_forwarder(self, docker_host: str | None, image: str, timeout: float = 60.0) -> None:
         """The job's forwarder container and its named volume, on the engine at
@@ -219,6 +241,8 @@ class JobGateway:
         )
         self.forwarder = ctr
         self._stack.callback(_remove_container, ctr)
+        # the relays kept go first: the volume is removed once no container mounts it
+        self._stack.callback(self._remove_idle_relays)
         ctr.start()
         wait_ready(ctr, timeout, "the perception gateway's forwarder")
 

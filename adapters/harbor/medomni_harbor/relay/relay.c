@@ -7,7 +7,10 @@
  *       prefixed by /t/TOKEN and a "Connection: close" header (one request per
  *       connection: a second one on the same connection would reach the gateway without
  *       the token, and be refused), then copies bytes both ways until both sides close.
- *       It knows its token and the socket's path, and nothing else.
+ *       It knows its token and the socket's path, and nothing else. A TOKEN of the form
+ *       @FILE is read from FILE at each connection (a relay kept for the trials of a job,
+ *       given each trial's token in turn, by the harness, in its own file system, which
+ *       the agent's container does not share); an empty or absent one is refused.
  *   medomni-relay forward SOCKET HOST PORT
  *       The gateway's forwarder. Listens on the unix socket SOCKET and, for each
  *       connection, connects HOST:PORT (a numeric IPv4 or IPv6 address: the image has no
@@ -20,6 +23,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -132,8 +136,36 @@ static int connect_tcp(const char *host, const char *port) {
     return fd;
 }
 
+/* The token of "@FILE": its first line, hex and dashes only (else none). */
+static int token_from(const char *path, char *out, size_t size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, out, size - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    size_t len = 0;
+    while (len < (size_t)n && out[len] != '\n') {
+        char c = out[len];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              c == '-' || c == '_'))
+            return -1;
+        len++;
+    }
+    out[len] = '\0';
+    return len ? 0 : -1;
+}
+
 /* The trial's side: rewrite the request line to carry the token, then pipe. */
-static void relay_one(int client, const char *socket_path, const char *token) {
+static void relay_one(int client, const char *socket_path, const char *given) {
+    char from_file[256];
+    const char *token = given;
+    if (given[0] == '@') {
+        if (token_from(given + 1, from_file, sizeof from_file) != 0) {
+            refuse(client, 503, "no trial is attached to this relay");
+            return;
+        }
+        token = from_file;
+    }
     char line[LINE_MAX_BYTES + 1];
     size_t have = 0;
     char *eol = NULL;
