@@ -217,7 +217,7 @@ def test_a_kept_relay_serves_one_trial_after_another_by_its_token_file(
     token_file.write_text(job.gw.open(a) + "\n")
     assert _encode(relay)[0] == 200
     done_a = job.gw.close("a", None)
-    token_file.write_text("")  # given back: emptied before another trial takes it
+    token_file.write_text("")  # an empty file: refused, as no file is
     assert _encode(relay)[0] == 503
     token_file.write_text(job.gw.open(b))
     assert [_encode(relay)[0], _encode(relay)[0]] == [200, 200]
@@ -227,3 +227,26 @@ def test_a_kept_relay_serves_one_trial_after_another_by_its_token_file(
     assert [c.status for c in done_b.calls] == ["ok", "ok"]
     token_file.write_text("../etc/passwd")  # a file holding no token: refused, not sent
     assert _encode(relay)[0] == 503
+
+
+def test_a_relay_given_back_after_the_jobs_relays_are_removed_is_not_kept(
+    tmp_path: Path,
+) -> None:
+    """Relays kept for the job's trials are removed with its containers; one a trial gives
+    back after that is refused (its environment removes it), never kept where nothing
+    would remove it."""
+
+    class Relay:
+        removed = False
+
+        def remove(self, force: bool = False) -> None:
+            self.removed = force
+
+    with JobGateway(tmp_path / "tasks") as gw:
+        kept, late = Relay(), Relay()
+        assert gw.give_back_relay(kept) and gw.take_relay() is kept
+        assert gw.give_back_relay(kept)
+        gw._remove_idle_relays()  # as the job's end does, before its volume goes
+        assert kept.removed and gw.take_relay() is None
+        assert not gw.give_back_relay(late) and not late.removed
+        assert gw.take_relay() is None  # nor handed to a trial after the job's end

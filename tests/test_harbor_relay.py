@@ -85,6 +85,10 @@ def built(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
+# relay containers our environment created for the probe job (the `probed` fixture)
+_RELAYS_CREATED: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module")
 def probed(
     tree: Path, engine: Engine, built: str, tmp_path_factory: pytest.TempPathFactory
@@ -144,9 +148,6 @@ def probed(
         v for v in volumes if v.attrs["Labels"]["medomni-harbor.tasks"].startswith(str(root))
     ]
     return out
-
-
-_RELAYS_CREATED: dict[str, int] = {}
 
 
 def test_our_environment_keeps_a_relay_for_the_jobs_next_trials(

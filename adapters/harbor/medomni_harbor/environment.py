@@ -27,7 +27,7 @@ engine's iptables (a Docker ``--internal`` network does, and leaks without them)
 as ``bash -c``; files move as tar archives (``put_archive``/``get_archive``). When the trial
 stops, its token is revoked, its call log and served-encoder list go to
 ``<trial>/perception/``, the agent's container is removed and the relay kept (or removed,
-when it cannot be emptied). Containers carry the owning process
+when the agent's container could not be, or the job is over). Containers carry the owning process
 in a label, so a later run removes what a killed one left behind
 (`medomni_harbor._docker.remove_stale`).
 """
@@ -305,18 +305,18 @@ class MedomniDockerEnvironment(BaseEnvironment):
                     main_gone = True
                 else:
                     self._main.kill()
-        if self._relay is not None:
-            if delete and main_gone and job is not None:
-                # kept for the job's next trial: nothing of this one is left in its network
-                # namespace, and the token it holds is revoked at the gateway (a request
-                # with it is refused and credited to no trial) until the next writes its own
-                job.give_back_relay(self._relay)
-            else:
+        # the relay is kept for the job's next trial when it can be: nothing of this one is
+        # left in its network namespace, and the token it holds is revoked at the gateway
+        # (a request with it is refused and credited to no trial) until the next writes its own
+        relay = self._relay
+        if relay is not None:
+            kept = delete and main_gone and job is not None and job.give_back_relay(relay)
+            if not kept:
                 with contextlib.suppress(Exception):
                     if delete:
-                        self._relay.remove(force=True)
+                        relay.remove(force=True)
                     else:
-                        self._relay.kill()
+                        relay.kill()
         if delete:
             self._main = self._relay = None
 

@@ -136,7 +136,8 @@ static int connect_tcp(const char *host, const char *port) {
     return fd;
 }
 
-/* The token of "@FILE": its first line, hex and dashes only (else none). */
+/* The token of "@FILE": its first line, of letters, digits, '-' and '_' only, and whole
+ * (one that fills the buffer may be cut: none). */
 static int token_from(const char *path, char *out, size_t size) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
@@ -151,8 +152,9 @@ static int token_from(const char *path, char *out, size_t size) {
             return -1;
         len++;
     }
+    if (len == 0 || len == size - 1) return -1;
     out[len] = '\0';
-    return len ? 0 : -1;
+    return 0;
 }
 
 /* The trial's side: rewrite the request line to carry the token, then pipe. */
