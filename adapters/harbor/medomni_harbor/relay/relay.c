@@ -68,9 +68,22 @@ static void refuse(int client, int status, const char *reason) {
     int hlen = snprintf(head, sizeof head,
                         "HTTP/1.0 %d %s\r\nContent-Type: application/json\r\n"
                         "Content-Length: %d\r\nConnection: close\r\n\r\n",
-                        status, status == 400 ? "Bad Request" : "Bad Gateway", blen);
+                        status,
+                        status == 400   ? "Bad Request"
+                        : status == 503 ? "Service Unavailable"
+                                        : "Bad Gateway",
+                        blen);
     write_all(client, head, (size_t)hlen);
     write_all(client, body, (size_t)blen);
+    /* A lingering close: what the client is still sending (a request's body, refused
+     * before it was read) is read and dropped until it stops, so that its writes do not
+     * meet a closed socket and it reads the answer, not a broken pipe. Bounded: 256 KiB,
+     * or a second without anything. */
+    shutdown(client, SHUT_WR);
+    char sink[4096];
+    struct pollfd p = {.fd = client, .events = POLLIN};
+    for (int i = 0; i < 64 && poll(&p, 1, 1000) > 0; i++)
+        if (read(client, sink, sizeof sink) <= 0) break;
 }
 
 /* Copy bytes both ways until the server's side (b) has ended: its response is complete
