@@ -251,6 +251,23 @@ class BackendTests:
         assert max(sum(len(d) for d in got if d) for _, got in parts) <= 2 << 20
         assert list(backend.get_parts([], 1 << 20)) == []
 
+    def test_iter_parts_reads_every_object_once_within_the_bounds(self, backend: Backend) -> None:
+        """A pass over the store (fsck's): every key listed, with its bytes, once, in the
+        listing's order; parts of at most ``size`` keys, about ``held_bytes`` of bytes."""
+        small = [(key(b"pass%d" % i), b"s%d" % i) for i in range(50)]
+        large = [(key(b"pass-large%d" % i), bytes([i]) * 300_000) for i in range(8)]
+        backend.put_many([*small, *large, (key(b""), b"")])
+        parts = list(backend.iter_parts(1 << 20, size=7))
+        keys = [k for ks, _ in parts for k in ks]
+        assert keys == list(backend.iter_keys())
+        assert len(keys) == len(set(keys)) == 59
+        assert [d for _, got in parts for d in got] == backend.get_list(keys)
+        assert all(0 < len(ks) == len(got) <= 7 for ks, got in parts)
+        assert max(sum(len(d) for d in got if d) for _, got in parts) <= 2 << 20
+
+    def test_iter_parts_of_an_empty_store(self, backend: Backend) -> None:
+        assert list(backend.iter_parts(1 << 20)) == []
+
     def test_batch_reads_agree(self, backend: Backend) -> None:
         items = [(key(b"batch%d" % i), b"value %d" % i) for i in range(300)]
         backend.put_many(items[::2])
@@ -495,6 +512,21 @@ class BackendTests:
         for i, name in enumerate(names[::2]):
             assert backend.ref_update(name, None, counter_key(i), b"")
         assert backend.ref_get_many(names) == [backend.ref_get(n) for n in names]
+
+    def test_ref_histories_agree_with_ref_log_and_ref_get(self, backend: Backend) -> None:
+        a, b = key(b"a"), key(b"b")
+        backend.ref_update("a", None, a, b"a1")
+        backend.ref_update("a", a, b, b"a2")
+        backend.ref_update("a/b", None, a, b"ab1")  # a name, then one it begins
+        backend.ref_update("a.b", None, b, b"a.b1")
+        backend.ref_update("gone", None, a, b"g1")
+        backend.ref_update("gone", a, None, b"g2")  # deleted: its history is kept
+        names = ["gone", "a/b", "never", "a", "a.b", "a", "a/"]  # unsorted, repeated
+        assert backend.ref_histories(names) == [
+            (backend.ref_log(n), backend.ref_get(n)) for n in names
+        ]
+        assert backend.ref_histories(["a"]) == [([b"a1", b"a2"], b)]
+        assert backend.ref_histories([]) == []
 
     def test_ref_get_prefixed(self, backend: Backend) -> None:
         ids = [counter_key(i) for i in range(20)]

@@ -129,6 +129,41 @@ def test_fsck_and_verify_closure_find_the_same_with_helpers(
         assert alone.objects == shared.objects
 
 
+def test_a_sound_store_is_checked_in_one_pass_shared_with_helpers(
+    tmp_path: Path, made: list[CheckPool]
+) -> None:
+    """fsck's pass over a sound store (batches read with their keys, `CheckPool.listed`):
+    helpers take some of them, read again in their own process, and find the same."""
+    store = _lmdb(tmp_path)
+    for i in range(6):
+        root, _ = build(store, f"s{i}", leaves=120)
+        store.refs.set(f"runs/{i}", root)
+    for i in range(300):
+        store.put_blob(f"stray {i}".encode())
+    alone = fsck(store, jobs=1)
+    shared = fsck(store, jobs=2)
+    assert made[-1].helped == 1
+    assert alone.ok and alone == shared
+    assert alone.objects == len(list(store.backend.iter_keys()))
+
+
+def test_a_helper_that_dies_with_listed_batches_leaves_none_unchecked(
+    tmp_path: Path, made: list[CheckPool]
+) -> None:
+    store, keys, _ = _sound_keys(tmp_path)
+    _, every_link = _drain(CheckPool(store.backend, False, 1), keys)
+    with CheckPool(store.backend, False, 2) as pool:
+        objects, links = 0, set()
+        for f in pool.check(pool.listed(), count=len(keys)):
+            objects += f.objects
+            links.update(f.links)
+            if pool.helped and pool._helpers:
+                pool._helpers[0].proc.kill()  # with batches in hand
+        assert pool.helped == 1 and pool._helpers == []  # dropped
+    assert objects == len(keys)  # each batch once: none lost, none counted twice
+    assert links == every_link
+
+
 def _sound_keys(tmp_path: Path) -> tuple[mc.Store, list[bytes], int]:
     """A clean store; every id in it, and how many links its objects hold in all."""
     store = _lmdb(tmp_path)
@@ -258,12 +293,23 @@ def test_a_level_of_large_objects_is_read_a_few_at_a_time(
                 parts.append(sum(len(v) for v in got if v))
                 yield part, got
 
+        passed: list[int] = []  # the parts of fsck's pass over the store
+        iter_parts = cls.iter_parts
+
+        def counted_pass(self: Any, held_bytes: int, size: int = 4096) -> Iterator[Any]:
+            for part, got in iter_parts(self, held_bytes, size):
+                passed.append(sum(len(v) for v in got if v))
+                yield part, got
+
         monkeypatch.setattr(_pool, "HELD_BYTES", 1 << 20)
         monkeypatch.setattr(cls, "get_parts", counted)
+        monkeypatch.setattr(cls, "iter_parts", counted_pass)
         assert fsck(store, jobs=1) == want
         assert [p.kind for p in want.problems] == ["corrupt"]
         assert max(parts) <= 2 << 20, parts
-        assert sum(parts) >= 2 * 60 * (300 << 10)  # the walk and fsck's scan both read them
+        assert max(passed) <= 2 << 20, passed
+        assert sum(passed) >= 60 * (300 << 10)  # the pass read them all
+        assert sum(parts) >= 2 * 60 * (300 << 10)  # then the walks of all refs, of each
     finally:
         store.close()
 

@@ -225,3 +225,24 @@ def test_refuses_negative_grace() -> None:
     store = mc.open("memory://")
     with pytest.raises(ValueError, match="grace"):
         gc(store, grace=-1)
+
+
+def test_a_history_that_cannot_be_read_stops_gc_and_is_named(tmp_path: Path) -> None:
+    """The histories are read many names at a time; one that does not decode is still named
+    (read again alone), and gc deletes nothing: it cannot know what that history protects."""
+    from medomni_cas.errors import InvalidObject
+
+    store = mc.Store(LMDBBackend(tmp_path / "s", durable=False))
+    with store:
+        for i in range(5):
+            store.refs.set(f"runs/{i}", store.put_blob(b"kept %d" % i))
+        garbage = store.put_blob(b"garbage")
+        b = store.backend
+        assert isinstance(b, LMDBBackend)
+        with b.env.begin(write=True) as txn:
+            cur = txn.cursor(b._reflog)
+            assert cur.set_range(b"runs/3\x00")
+            cur.put(bytes(cur.key()), b"\xc1 not an entry")
+        with pytest.raises(InvalidObject, match="history of ref 'runs/3' cannot be read"):
+            gc(store, grace=0)
+        assert store.backend.contains(garbage)

@@ -109,14 +109,9 @@ def test_missing_linked_object_names_parent_and_ref(store: mc.Store) -> None:
     assert parent.hex() in problem.message and "second" in problem.message
 
 
-def test_fsck_walks_every_ref_at_once_and_by_ref_only_on_a_problem(
-    store: mc.Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    roots = [build(store, f"r{i}", leaves=10) for i in range(30)]
-    for i, (root, _) in enumerate(roots):
-        store.refs.set(f"runs/slots/{i:02d}", root)
-        store.refs.set(f"runs/again/{i:02d}", root)  # two refs to one closure
-    walks: list[int] = []  # how many roots each walk was given
+def _counting_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many roots each walk of fsck is given, walk by walk."""
+    walks: list[int] = []
     walk = verify._Walk.walk
 
     def counted(w: verify._Walk, roots: Iterable[bytes]) -> list[bytes]:
@@ -125,17 +120,64 @@ def test_fsck_walks_every_ref_at_once_and_by_ref_only_on_a_problem(
         return walk(w, roots)
 
     monkeypatch.setattr(verify._Walk, "walk", counted)
+    return walks
+
+
+def test_fsck_reads_the_store_in_one_pass_and_walks_only_on_a_problem(
+    store: mc.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sound store is checked in one pass in key order, with no walk; a problem found
+    sends fsck to walk every ref at once, then one ref at a time, to name what reaches it."""
+    roots = [build(store, f"r{i}", leaves=10) for i in range(30)]
+    for i, (root, _) in enumerate(roots):
+        store.refs.set(f"runs/slots/{i:02d}", root)
+        store.refs.set(f"runs/again/{i:02d}", root)  # two refs to one closure
+    walks = _counting_walks(monkeypatch)
     clean = fsck(store)
     assert clean.ok and clean.objects == len(list(store.iter_ids())) and clean.refs == 60
-    assert walks == [60]  # one walk of all sixty, no second
+    assert walks == []  # the pass, no walk
     leaf = roots[17][1][3]
     _tamper(store, leaf, _flip(store.backend.get(leaf), 9))
-    walks.clear()
     report = fsck(store)
     assert walks == [60] + [1] * 30  # then one ref at a time (the other 30 share closures)
     (problem,) = report.problems
     assert (problem.kind, problem.id, problem.ref) == ("corrupt", leaf.hex(), "runs/again/17")
     assert report.objects == clean.objects
+
+
+def test_a_missing_link_of_an_unreached_object_is_not_a_problem_of_the_refs(
+    store: mc.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass sees every object's links, reached or not; fsck reports a missing object
+    that a ref's closure needs, as the walks do: an unreached object that links a missing
+    one (gc cut short between the two) sends fsck to the walks, which find all sound."""
+    root, _ = build(store, "kept")
+    store.refs.set("main", root)
+    gone = store.put_blob(b"swept")
+    store.put_tree({"x": gone})  # unreached, and what it links is then deleted
+    store.backend.delete_many([gone])
+    walks = _counting_walks(monkeypatch)
+    seen: list[int] = []
+    report = fsck(store, progress=seen.append)
+    assert report.ok, report.problems
+    assert walks == [1]  # the pass found the missing link; the walk of the refs did not
+    assert report.objects == len(list(store.iter_ids()))
+    assert seen == sorted(seen)  # the walks' count goes on from the pass's
+
+
+def test_a_stored_key_that_is_not_an_id_is_named(tmp_path: os.PathLike[str]) -> None:
+    """A key of the wrong length (a flipped B-tree page) stops the pass; the walks name it."""
+    store = mc.Store(LMDBBackend(os.path.join(tmp_path, "s"), durable=False))
+    with store:
+        root, _ = build(store, "odd")
+        store.refs.set("main", root)
+        b = store.backend
+        assert isinstance(b, LMDBBackend)
+        with b.env.begin(write=True) as txn:
+            txn.put(b"\x00short", b"\x00" * 9 + b"x", db=b._objects)
+        report = fsck(store)
+        assert [(p.kind, p.id) for p in report.problems] == [("malformed", b"\x00short".hex())]
+        assert "of 6 bytes is not an id" in report.problems[0].message
 
 
 def test_dangling_refs(store: mc.Store) -> None:

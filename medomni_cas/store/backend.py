@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import ClassVar, Self
 
 __all__ = ["FRESHEN_AFTER", "Backend", "Entry", "no_store"]
@@ -188,6 +189,17 @@ class Backend(ABC):
         if part:
             yield part, got
 
+    def iter_parts(
+        self, held_bytes: int, size: int = 4096
+    ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        """Every stored key and its bytes (None: listed, then not readable), in key order
+        where the listing has one, in parts of at most ``size`` keys holding about
+        ``held_bytes`` (as `get_parts`): a pass over the whole store. Default: the keys
+        listed ``size`` at a time, then read; override where one read gives both."""
+        keys = iter(self.iter_keys())
+        while chunk := list(islice(keys, size)):
+            yield from self.get_parts(chunk, held_bytes)
+
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys that are not stored, in order."""
         return [k for k in keys if not self.contains(k)]
@@ -206,6 +218,11 @@ class Backend(ABC):
         not be one snapshot: each is some value its ref had during the call.
         """
         return [self.ref_get(name) for name in names]
+
+    def ref_histories(self, names: Sequence[str]) -> list[tuple[list[bytes], bytes | None]]:
+        """For each of ``names``, its history entries (`ref_log`) and its value (`ref_get`,
+        None: absent), in order; override to read many in one go (fsck checks every ref)."""
+        return [(self.ref_log(name), self.ref_get(name)) for name in names]
 
     def ref_get_prefixed(self, prefix: str, ids: Sequence[bytes]) -> list[bytes | None]:
         """`ref_get_many` of the names ``prefix + id.hex()`` for each of ``ids`` (32-byte ids,

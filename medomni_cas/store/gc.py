@@ -31,6 +31,7 @@ import msgspec
 
 from medomni_cas.errors import IntegrityError, InvalidObject, UnsupportedOperation
 from medomni_cas.store._crash import crash_point
+from medomni_cas.store.reflog import RefLogEntry
 from medomni_cas.store.verify import CORRUPT, MALFORMED, CheckedWalk, ClosureCheck
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ __all__ = ["MAX_SWEPT_IDS", "GcReport", "gc"]
 MAX_SWEPT_IDS = 1000
 _BATCH = 1024
 _LIST_BATCH = 4096  # listed keys asked of the mark at a time
+_HISTORIES = 1024  # ref histories read at a time
 # Write times are stored coarsely (ms in LMDB, whole seconds on some filesystems and object
 # stores); an object written just after the start may carry a stamp slightly before it.
 _STAMP_SLACK = 2.0
@@ -67,19 +69,29 @@ def _roots(store: Store, since: float) -> Iterator[bytes]:
     ``since`` (repeats included: the walk meets each once), as they are listed."""
     for _, oid in store.refs.items():
         yield oid
-    for name in store.backend.ref_log_names():
+    # read a chunk of names at a time: a store's 100,000 slot refs, each read alone, are
+    # 100,000 read transactions
+    for names in batched(store.backend.ref_log_names(), _HISTORIES):
         try:
-            entries = store.refs.history(name)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            # Without the history we cannot know what it protects: refuse rather than guess.
-            raise InvalidObject(
-                f"{store.url}: the history of ref {name!r} cannot be read ({e}); gc refuses to run"
-            ) from None
-        for entry in entries:
-            if entry.time >= since:
-                for logged in (entry.old_id, entry.new_id):
-                    if logged is not None:
-                        yield logged
+            read = store.refs.histories(names)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            read = [_history(store, name) for name in names]  # to name the one that is not
+        for entries in read:
+            for entry in entries:
+                if entry.time >= since:
+                    for logged in (entry.old_id, entry.new_id):
+                        if logged is not None:
+                            yield logged
+
+
+def _history(store: Store, name: str) -> list[RefLogEntry]:
+    try:
+        return store.refs.history(name)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        # Without the history we cannot know what it protects: refuse rather than guess.
+        raise InvalidObject(
+            f"{store.url}: the history of ref {name!r} cannot be read ({e}); gc refuses to run"
+        ) from None
 
 
 def _refuse_bad(store: Store, check: ClosureCheck) -> None:

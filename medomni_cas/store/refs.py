@@ -180,6 +180,12 @@ class Refs:
         """Every update of ``name``, oldest first (kept after the ref is deleted)."""
         return [decode_entry(e) for e in self._backend.ref_log(check_ref_name(name))]
 
+    def histories(self, names: Sequence[str]) -> list[list[RefLogEntry]]:
+        """`history` of each of ``names``, read together (`Backend.ref_histories`)."""
+        check_ref_names(names)
+        read = self._backend.ref_histories(names)
+        return [[decode_entry(e) for e in raws] for raws, _ in read]
+
     def check_history(self, name: str) -> list[str]:
         """What is wrong with ``name`` against its history (`reflog.check_history`): its
         value must be what the last entry set, and the hash chain whole. Empty when nothing."""
@@ -189,6 +195,18 @@ class Refs:
         except (OSError, ValueError) as e:  # a damaged history or ref file
             return [f"ref {name}: it or its history cannot be read: {e}"]
         return check_history(name, raws, current)
+
+    def check_histories(self, names: Sequence[str]) -> list[list[str]]:
+        """`check_history` of each of ``names``, read together (`Backend.ref_histories`)."""
+        try:
+            check_ref_names(names)
+            read = self._backend.ref_histories(names)
+        except (OSError, ValueError):  # one is damaged: each read alone, to say which
+            return list(map(self.check_history, names))
+        return [
+            check_history(name, raws, current)
+            for name, (raws, current) in zip(names, read, strict=True)
+        ]
 
     def logged_names(self) -> list[str]:
         return list(self._backend.ref_log_names())

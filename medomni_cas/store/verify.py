@@ -47,14 +47,22 @@ from __future__ import annotations
 import heapq
 import operator
 from collections.abc import Iterable, Iterator
-from itertools import compress, islice
+from itertools import batched, chain, compress, groupby, islice
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 import msgspec
 
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
-from medomni_cas.store._fast import BATCH, BatchReader, CheckPool, Findings, new_links
+from medomni_cas.store._fast import (
+    BATCH,
+    MIN_LEVEL,
+    BatchReader,
+    CheckPool,
+    Findings,
+    Listed,
+    new_links,
+)
 from medomni_cas.store._spill import IdList, MarkSet
 from medomni_cas.store.ids import ID_SIZE, ObjectId, parse_id
 
@@ -86,6 +94,7 @@ DAMAGED = "damaged-file"
 REF_HISTORY = "ref-history"
 _ROOTS_CHUNK = 65_536  # roots taken at a time (fsck's are every ref: maybe millions)
 _SCAN_CHUNK = 65_536  # unreached keys checked at a time by fsck's scan
+_HISTORIES_CHUNK = 1024  # ref histories read at a time
 
 
 class Problem(msgspec.Struct, frozen=True):
@@ -409,6 +418,81 @@ def fsck(store: Store, *, progress: Progress | None = None, jobs: int | None = N
     closure of every ref is complete. ``progress`` gets the number of objects checked;
     ``jobs`` is how many processes may share the work (default: one per core, up to 4; 1:
     this process only)."""
+    with _Walk(store, canonical=True, jobs=jobs, progress=progress) as w:
+        refs = _sweep(w)
+        if refs is not None:
+            found = _Problems(w.check)
+            for file, message in store.backend.damage():
+                found.add(DAMAGED, file, message)
+            _check_histories(store, found)
+            return found.report(refs)
+        swept = w.check.objects
+    # the walks count on from what the pass checked: a progress bar never goes back
+    return _walked(store, None if progress is None else lambda n: progress(swept + n), jobs)
+
+
+def _sweep(w: _Walk) -> int | None:
+    """Check every stored object in one pass in key order, and that every link and every
+    ref's object is stored: the number of refs when all is sound, None when anything is
+    not, for `_walked` to find again and name (the ref, the object that links it).
+
+    A walk reads the store once per level, each level's ids all over it; this pass reads
+    each object with its key (`Backend.iter_parts`: each B-tree leaf mapped once, past
+    the mapped budget faulted once). The links are then checked against the keys listed,
+    both sorted, one first byte at a time."""
+    backend = w.check.store.backend
+    refs = 0
+    with IdList() as stored, IdList() as linked:
+        parts = w.pool.listed()
+        # helpers start for a store as big as a walk's level that starts them
+        head: list[Listed] = []
+        while sum(len(part.keys) for part in head) < MIN_LEVEL and (part := next(parts, None)):
+            head.append(part)
+
+        def batches() -> Iterator[Listed]:
+            for part in chain(head, parts):
+                if not set(map(len, part.keys)) <= {ID_SIZE}:
+                    raise _Unsound
+                stored.extend(part.keys)
+                yield part
+
+        gone: list[bytes] = []
+        try:
+            for f in w.pool.check(batches(), count=sum(len(part.keys) for part in head)):
+                w._note(f, absent=False)
+                if f.corrupt or f.malformed:
+                    return None
+                gone += f.absent
+                linked.extend(dict.fromkeys(f.links))
+        except _Unsound:
+            return None
+        # listed, then not read: deleted since (a concurrent gc), or its bytes are lost
+        if any(map(backend.contains, gone)):
+            return None
+        for listed in batched(backend.ref_iter(""), _ROOTS_CHUNK):
+            targets = [oid for _, oid in listed]
+            if not set(map(len, targets)) <= {ID_SIZE}:
+                return None
+            refs += len(targets)
+            linked.extend(targets)
+        have = stored.by_first_byte()
+        byte, keys = next(have, (256, []))
+        for first, links in linked.by_first_byte():
+            while byte < first:
+                byte, keys = next(have, (256, []))
+            if byte != first or not set(links) <= set(keys):
+                return None
+    return refs
+
+
+class _Unsound(Exception):
+    """A listed key that is not an id: the sweep stops, the walk names it."""
+
+
+def _walked(store: Store, progress: Progress | None, jobs: int | None) -> FsckReport:
+    """`fsck` by walks: the closures of every ref at once, then the objects they did not
+    reach; when that finds something wrong, again one ref at a time, so that each problem
+    names the ref that reaches it first (which the walk of all at once does not know)."""
     # the refs are listed as the walk goes (a store may have millions: slot refs), twice
     # when something is wrong
     refs = 0
@@ -426,8 +510,6 @@ def fsck(store: Store, *, progress: Progress | None = None, jobs: int | None = N
             _scan(fast, found)
             _check_histories(store, found)
             return found.report(refs)
-    # something is wrong: walked again one ref at a time, so that each problem names the ref
-    # that reaches it first (which the walk of all at once does not know)
     with _Walk(store, canonical=True, jobs=jobs, progress=progress) as w:
         found = _Problems(w.check)
         refs = 0
@@ -502,13 +584,14 @@ def _check_histories(store: Store, found: _Problems) -> None:
     # twice in a row. A backend that lists otherwise costs a name checked twice, not a
     # problem lost or repeated (problems are kept once, then put in name order).
     problems: dict[tuple[str, str], None] = {}
-    last = None
-    for name in heapq.merge((name for name, _ in store.refs.items()), logged()):
-        if name == last:
-            continue
-        last = name
-        for message in store.refs.check_history(name):
-            problems[(name, message)] = None
+    names = (name for name, _ in store.backend.ref_iter(""))
+    merged = (name for name, _ in groupby(heapq.merge(names, logged())))
+    # read a chunk at a time: a store's 100,000 slot refs, each read alone, are 200,000
+    # read transactions
+    while chunk := list(islice(merged, _HISTORIES_CHUNK)):
+        for name, found_here in zip(chunk, store.refs.check_histories(chunk), strict=True):
+            for message in found_here:
+                problems[(name, message)] = None
     if failed:
         found.add(REF_HISTORY, "", f"the ref histories cannot be listed: {failed[0]}")
     for name, message in sorted(problems, key=operator.itemgetter(0)):

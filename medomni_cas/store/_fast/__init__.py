@@ -20,7 +20,7 @@ from medomni_cas.store._fast.check import BatchChecker, Findings, mismatches
 from medomni_cas.store._fast.exact import exact_checks
 from medomni_cas.store._fast.groups import BatchReader
 from medomni_cas.store._fast.links import LINK_MARK, fast_links
-from medomni_cas.store._fast.pool import BATCH, MIN_LEVEL, CheckPool, default_jobs
+from medomni_cas.store._fast.pool import BATCH, MIN_LEVEL, CheckPool, Listed, default_jobs
 from medomni_cas.store._fast.seen import new_links, unseen
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "BatchReader",
     "CheckPool",
     "Findings",
+    "Listed",
     "default_jobs",
     "exact_checks",
     "fast_links",

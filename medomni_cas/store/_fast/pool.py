@@ -35,7 +35,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from queue import SimpleQueue
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import msgspec
 
@@ -44,7 +44,7 @@ from medomni_cas.store._fast.check import BatchChecker, Findings
 from medomni_cas.store.backend import Backend
 from medomni_cas.store.ids import ID_SIZE
 
-__all__ = ["BATCH", "HELD_BYTES", "MIN_LEVEL", "CheckPool", "default_jobs", "merged"]
+__all__ = ["BATCH", "HELD_BYTES", "MIN_LEVEL", "CheckPool", "Listed", "default_jobs", "merged"]
 
 #: Ids per batch: enough that a batch's C-level passes dominate its Python steps.
 BATCH = 4096
@@ -93,6 +93,18 @@ class Hello(msgspec.Struct, array_like=True):
 
 class Ready(msgspec.Struct, array_like=True):
     error: str = ""  # why the helper cannot check (it then exits)
+
+
+class Listed(NamedTuple):
+    """A batch already read (a pass over the store, `Backend.iter_parts`): checked here as
+    it is; a helper given it reads its keys again, in its own process."""
+
+    keys: list[bytes]
+    values: list[bytes | None]
+
+
+#: What `CheckPool.check` takes: ids to read, or a batch read already.
+type Batch = list[bytes] | Listed
 
 
 def default_jobs() -> int:
@@ -144,9 +156,10 @@ class _Helper:
         self._writer.start()
         self._frames.put(_frame(msgspec.msgpack.encode(hello)))
 
-    def send(self, batch: list[bytes]) -> None:
-        self.held.append(batch)
-        self._frames.put(_frame(b"".join(batch)))
+    def send(self, batch: Batch) -> None:
+        keys = batch.keys if isinstance(batch, Listed) else batch  # read there again
+        self.held.append(keys)
+        self._frames.put(_frame(b"".join(keys)))
 
     def readable(self, timeout: float = 0.0) -> bool:
         return bool(select.select([self.out], [], [], timeout)[0])
@@ -205,9 +218,9 @@ class _Lazy:
     calls as its deque (helpers take from the front too: the level is read in order), and
     batches given back (by a dropped helper) come first."""
 
-    def __init__(self, batches: Iterable[list[bytes]]) -> None:
+    def __init__(self, batches: Iterable[Batch]) -> None:
         self._it = iter(batches)
-        self._back: deque[list[bytes]] = deque()
+        self._back: deque[Batch] = deque()
 
     def __bool__(self) -> bool:
         if not self._back:
@@ -217,14 +230,14 @@ class _Lazy:
             self._back.append(nxt)
         return True
 
-    def popleft(self) -> list[bytes]:
+    def popleft(self) -> Batch:
         if self._back:
             return self._back.popleft()
         return next(self._it)
 
     pop = popleft
 
-    def extend(self, batches: Iterable[list[bytes]]) -> None:
+    def extend(self, batches: Iterable[Batch]) -> None:
         self._back.extend(batches)
 
 
@@ -282,9 +295,15 @@ class CheckPool:
             # early), has nothing to finish
             h.close(kill=not h.ready or bool(h.held))
 
+    def listed(self) -> Iterator[Listed]:
+        """Every object of the backend, with its bytes, in key order: one pass over the
+        store (`Backend.iter_parts`), in batches for `check` (parts of `HELD_BYTES`)."""
+        for keys, values in self.backend.iter_parts(HELD_BYTES, BATCH):
+            yield Listed(keys, values)
+
     def check(
         self,
-        keys: list[bytes] | Iterable[list[bytes]],
+        keys: list[bytes] | Iterable[Batch],
         *,
         owners: bool = False,
         count: int | None = None,
@@ -292,8 +311,9 @@ class CheckPool:
         """The findings of ``keys`` (32-byte ids), batch by batch in no set order: checked
         here, or by helpers when the level is big. Owners are only kept here (a helper's
         links come without them). ``keys`` may also be batches, taken as they are needed
-        (a level too big to hold), ``count`` ids in all."""
-        batches: deque[list[bytes]] | _Lazy
+        (a level too big to hold, or a pass over the store: `Listed`), ``count`` ids in
+        all."""
+        batches: deque[Batch] | _Lazy
         if isinstance(keys, list):
             batches = deque(keys[i : i + BATCH] for i in range(0, len(keys), BATCH))
             count = len(keys)
@@ -313,7 +333,12 @@ class CheckPool:
                 # this process from the front, helpers from the back: each reads pages
                 # close together in key order
                 batch = batches.popleft()
-                for keys, got in self.backend.get_parts(batch, HELD_BYTES):
+                parts = (
+                    [batch]
+                    if isinstance(batch, Listed)
+                    else self.backend.get_parts(batch, HELD_BYTES)
+                )
+                for keys, got in parts:
                     yield self.checker(keys, got, owners=owners)
                 self._checked += 1
             elif any(h.held for h in self._helpers):
@@ -339,7 +364,7 @@ class CheckPool:
             except (OSError, ValueError):  # no process can be started here: check alone
                 break
 
-    def _collect(self, h: _Helper, batches: deque[list[bytes]] | _Lazy) -> Iterator[Findings]:
+    def _collect(self, h: _Helper, batches: deque[Batch] | _Lazy) -> Iterator[Findings]:
         """The answers ``h`` has ready, then as many batches as it may hold."""
         if not h.ready:
             if not h.readable():
@@ -358,7 +383,7 @@ class CheckPool:
         while batches and len(h.held) < _IN_FLIGHT:
             h.send(batches.pop())
 
-    def _wait(self, batches: deque[list[bytes]] | _Lazy) -> None:
+    def _wait(self, batches: deque[Batch] | _Lazy) -> None:
         """Nothing left to check here: wait for a helper's answer; drop the helpers that
         died meanwhile (their batches come back to ``batches``)."""
         busy = [h for h in self._helpers if h.held]
@@ -368,7 +393,7 @@ class CheckPool:
             if h.proc.poll() is not None:
                 self._drop(h, batches, f"it exited with status {h.proc.returncode}")
 
-    def _drop(self, h: _Helper, batches: deque[list[bytes]] | _Lazy, why: str) -> None:
+    def _drop(self, h: _Helper, batches: deque[Batch] | _Lazy, why: str) -> None:
         """Stop using ``h``; the batches it held go back to be checked here. Logged: the
         answer is whole, but the check is slower than it should be."""
         self._helpers.remove(h)

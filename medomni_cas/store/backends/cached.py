@@ -146,6 +146,10 @@ class CachedBackend(Backend):
         # docstring inherited
         return self.remote.ref_log(name)
 
+    def ref_histories(self, names: Sequence[str]) -> list[tuple[list[bytes], bytes | None]]:
+        # docstring inherited
+        return self.remote.ref_histories(names)
+
     def ref_log_names(self) -> Iterator[str]:
         # docstring inherited
         return self.remote.ref_log_names()

@@ -384,6 +384,32 @@ class LMDBBackend(Backend):
             for key, value in chunk:
                 yield key, unpack(value)[1] / 1000.0
 
+    def iter_parts(
+        self, held_bytes: int, size: int = 4096
+    ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        # docstring inherited; keys and bytes from one cursor: each B-tree leaf is mapped
+        # once, where a listing then a read maps it twice, and past the mapped budget
+        # (`_mapped`) faults it twice (the leaves of keys in order lie anywhere in the file)
+        part: list[bytes] = []
+        got: list[bytes | None] = []
+        held = 0
+        for chunk in self._listing(self._objects, b"", values=True):
+            for key, value in chunk:
+                large = value[0] != _INLINE  # of LARGE_OBJECT bytes at least
+                if part and (
+                    len(part) >= size
+                    or held >= held_bytes
+                    or (large and held + LARGE_OBJECT > held_bytes)
+                ):
+                    yield part, got
+                    part, got, held = [], [], 0
+                data = self._value(key, value)
+                part.append(key)
+                got.append(data)
+                held += len(data) if data else 0
+        if part:
+            yield part, got
+
     def _listing(
         self, db: lmdb._Database, start: bytes, *, values: bool
     ) -> Iterator[list[tuple[bytes, bytes]]]:
@@ -567,6 +593,27 @@ class LMDBBackend(Backend):
                         break
                     if len(key) == len(head) + 8:
                         out.append(bytes(value))
+        return out
+
+    def ref_histories(self, names: Sequence[str]) -> list[tuple[list[bytes], bytes | None]]:
+        # docstring inherited; one read transaction (one snapshot: a ref and its history
+        # agree), the history's cursor moving on when the names come sorted
+        out: list[tuple[list[bytes], bytes | None]] = []
+        with self._read(buffers=False) as txn:
+            cur = txn.cursor(self._reflog)
+            for name in names:
+                key = name.encode()
+                head = key + b"\x00"
+                entries: list[bytes] = []
+                if cur.set_range(head):
+                    for k, value in cur:
+                        if not k.startswith(head):
+                            break
+                        if len(k) == len(head) + 8:
+                            entries.append(value)
+                out.append((entries, txn.get(key, db=self._refs)))
+                if len(out) % _NOTE_EVERY == 0:  # a look at the mapped pages, as a read's
+                    _mapped.note(_NOTE_EVERY)
         return out
 
     def ref_log_names(self) -> Iterator[str]:
