@@ -8,10 +8,13 @@ object was reached. `fsck` (every object a backend holds and the closure of ever
 built on it, and only name what it found.
 
 Order of work
-    First the closures are walked, so that a problem found there names the ref and the
-    parent that reach it; then `fsck` lists the backend and checks the objects the walk did
-    not reach. `fsck` walks the closures of all refs at once first, and again one ref at a
-    time only when that finds a problem, to name the ref.
+    `fsck` first reads the whole store in one pass in key order (`Backend.iter_parts`: each
+    object with its key, each page of the store read once), and checks that every link and
+    every ref's object is among the keys listed. Only when that finds something does it
+    walk: the closures of all refs at once, so that a problem found there names the ref and
+    the parent that reach it, then the objects the walk did not reach; and when the walk
+    finds a problem, again one ref at a time, to name the ref that reaches it first.
+    `verify_closure` and a result's verify walk the closures of their roots.
 
 A batch
     Hashed and compared with its keys in one go, then each kind's objects decoded by a
