@@ -49,7 +49,8 @@ __all__ = ["LARGE_OBJECT", "LMDBBackend"]
 LARGE_OBJECT = 256 * 1024
 _HDR = struct.Struct("<BQ")
 _INLINE, _FILE = 0, 1
-_FIRST = itemgetter(0)  # a value's flag byte
+_FIRST = itemgetter(0)  # a value's flag byte; a listed pair's key
+_SECOND = itemgetter(1)  # a listed pair's value
 _DATA = itemgetter(slice(_HDR.size, None))  # an inline value's object bytes
 FRESHEN_AFTER_MS = int(FRESHEN_AFTER * 1000)
 _INITIAL_MAP = 1 << 30
@@ -255,12 +256,25 @@ class LMDBBackend(Backend):
         if inline is not None and sum(map(len, cast("list[bytes]", values))) <= held_bytes:
             yield list(keys), inline
             return
+        yield from self._cut(zip(keys, values, strict=True), held_bytes, len(keys))
+
+    def _cut(
+        self, stored: Iterable[tuple[bytes, bytes | None]], held_bytes: int, size: int
+    ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        """The keys and bytes of ``stored`` values (header and bytes, or a large object's
+        marker; None: absent) in parts of at most ``size`` keys holding about
+        ``held_bytes``; a large object's file is read only when the part before it has
+        been taken."""
         part: list[bytes] = []
         got: list[bytes | None] = []
         held = 0
-        for key, value in zip(keys, values, strict=True):
+        for key, value in stored:
             large = value is not None and value[0] != _INLINE  # of LARGE_OBJECT bytes at least
-            if part and (held >= held_bytes or (large and held + LARGE_OBJECT > held_bytes)):
+            if part and (
+                len(part) >= size
+                or held >= held_bytes
+                or (large and held + LARGE_OBJECT > held_bytes)
+            ):
                 yield part, got
                 part, got, held = [], [], 0
             data = self._value(key, value)
@@ -390,25 +404,17 @@ class LMDBBackend(Backend):
         # docstring inherited; keys and bytes from one cursor: each B-tree leaf is mapped
         # once, where a listing then a read maps it twice, and past the mapped budget
         # (`_mapped`) faults it twice (the leaves of keys in order lie anywhere in the file)
-        part: list[bytes] = []
-        got: list[bytes | None] = []
-        held = 0
         for chunk in self._listing(self._objects, b"", values=True):
-            for key, value in chunk:
-                large = value[0] != _INLINE  # of LARGE_OBJECT bytes at least
-                if part and (
-                    len(part) >= size
-                    or held >= held_bytes
-                    or (large and held + LARGE_OBJECT > held_bytes)
-                ):
-                    yield part, got
-                    part, got, held = [], [], 0
-                data = self._value(key, value)
-                part.append(key)
-                got.append(data)
-                held += len(data) if data else 0
-        if part:
-            yield part, got
+            keys = list(map(_FIRST, chunk))
+            values: list[bytes | None] = list(map(_SECOND, chunk))
+            inline = _inline(values)
+            for i in range(0, len(keys), size):
+                part = inline[i : i + size] if inline is not None else None
+                if part is not None and sum(map(len, cast("list[bytes]", part))) <= held_bytes:
+                    yield keys[i : i + size], part  # C-level passes, the common case
+                else:
+                    stored = zip(keys[i : i + size], values[i : i + size], strict=True)
+                    yield from self._cut(stored, held_bytes, size)
 
     def _listing(
         self, db: lmdb._Database, start: bytes, *, values: bool
