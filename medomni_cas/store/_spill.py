@@ -186,11 +186,17 @@ def _by_id(data: bytes, width: int) -> dict[bytes, bytes]:
 
 
 def by_first_byte(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
-    """Each first byte of ``keys`` and its keys, in the order met (for sorted keys, in
-    byte order)."""
+    """Each first byte of ``keys`` and its keys, sorted, in byte order: a sort (linear for
+    keys that come sorted, as a listing's do) and a bisection per byte, C-level passes
+    where a loop per key cost gc's sweep of 1.6M listed keys 0.8 s."""
+    held = sorted(keys)
     out: dict[int, list[bytes]] = {}
-    for k in keys:
-        out.setdefault(k[0], []).append(k)
+    i, n = 0, len(held)
+    while i < n:
+        byte = held[i][0]
+        j = bisect_left(held, byte + 1, lo=i, key=_FIRST_BYTE)
+        out[byte] = held[i:j]
+        i = j
     return out
 
 
