@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 import msgspec
 import pytest
@@ -178,6 +178,31 @@ def test_a_stored_key_that_is_not_an_id_is_named(tmp_path: os.PathLike[str]) -> 
         report = fsck(store)
         assert [(p.kind, p.id) for p in report.problems] == [("malformed", b"\x00short".hex())]
         assert "of 6 bytes is not an id" in report.problems[0].message
+
+
+def test_an_object_deleted_between_the_listing_and_its_read_is_found_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass lists keys, then reads them (a backend without a pass of its own): a linked
+    object deleted in between is not among those read, though its key was listed, and a
+    link to it must not pass for being listed."""
+    store = mc.open("memory://")
+    root, leaves = build(store, "gone")
+    store.refs.set("main", root)
+    lost = leaves[4]
+    backend = store.backend
+    assert isinstance(backend, MemoryBackend)
+    get_parts = MemoryBackend.get_parts
+
+    def deleting(
+        self: MemoryBackend, keys: Sequence[bytes], held_bytes: int
+    ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        self._objects.pop(lost, None)  # a writer elsewhere, between listing and reading
+        return get_parts(self, keys, held_bytes)
+
+    monkeypatch.setattr(MemoryBackend, "get_parts", deleting)
+    report = fsck(store)
+    assert [(p.kind, p.id) for p in report.problems] == [("missing", lost.hex())]
 
 
 def test_dangling_refs(store: mc.Store) -> None:

@@ -469,8 +469,9 @@ def _sweep(w: _Walk) -> int | None:
                 linked.extend(dict.fromkeys(f.links))
         except _Unsound:
             return None
-        # listed, then not read: deleted since (a concurrent gc), or its bytes are lost
-        if any(map(backend.contains, gone)):
+        # listed, then not read: deleted since (a concurrent gc), or its bytes are lost; its
+        # key is among those listed, so a link to it would pass: the walks decide
+        if gone:
             return None
         for listed in batched(backend.ref_iter(""), _ROOTS_CHUNK):
             targets = [oid for _, oid in listed]
