@@ -449,8 +449,10 @@ def _sweep(w: _Walk) -> int | None:
         parts = w.pool.listed()
         # helpers start for a store as big as a walk's level that starts them
         head: list[Listed] = []
-        while sum(len(part.keys) for part in head) < MIN_LEVEL and (part := next(parts, None)):
+        count = 0
+        while count < MIN_LEVEL and (part := next(parts, None)):
             head.append(part)
+            count += len(part.keys)
 
         def batches() -> Iterator[Listed]:
             for part in chain(head, parts):
@@ -461,7 +463,7 @@ def _sweep(w: _Walk) -> int | None:
 
         gone: list[bytes] = []
         try:
-            for f in w.pool.check(batches(), count=sum(len(part.keys) for part in head)):
+            for f in w.pool.check(batches(), count=count):
                 w._note(f, absent=False)
                 if f.corrupt or f.malformed:
                     return None

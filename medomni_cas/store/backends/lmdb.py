@@ -70,6 +70,20 @@ def _inline(values: list[bytes | None]) -> list[bytes | None] | None:
     return list(map(_DATA, found)) if flags.count(_INLINE) == len(flags) else None
 
 
+def _log_entries(cur: lmdb.Cursor[bytes], key: bytes) -> list[bytes]:
+    """The history entries of the ref named ``key``, oldest first, by ``cur`` (on the
+    histories' database): their keys are the name, a 0 byte and an 8-byte number."""
+    head = key + b"\x00"
+    out: list[bytes] = []
+    if cur.set_range(head):
+        for k, value in cur:
+            if not k.startswith(head):
+                break
+            if len(k) == len(head) + 8:
+                out.append(value)
+    return out
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -588,18 +602,8 @@ class LMDBBackend(Backend):
 
     def ref_log(self, name: str) -> list[bytes]:
         # docstring inherited
-        head = name.encode() + b"\x00"
-        out = []
-        with self._read() as txn:
-            cur = txn.cursor(self._reflog)
-            if cur.set_range(head):
-                for view, value in cur:
-                    key = bytes(view)
-                    if not key.startswith(head):
-                        break
-                    if len(key) == len(head) + 8:
-                        out.append(bytes(value))
-        return out
+        with self._read(buffers=False) as txn:
+            return _log_entries(txn.cursor(self._reflog), name.encode())
 
     def ref_histories(self, names: Sequence[str]) -> list[tuple[list[bytes], bytes | None]]:
         # docstring inherited; one read transaction (one snapshot: a ref and its history
@@ -609,15 +613,7 @@ class LMDBBackend(Backend):
             cur = txn.cursor(self._reflog)
             for name in names:
                 key = name.encode()
-                head = key + b"\x00"
-                entries: list[bytes] = []
-                if cur.set_range(head):
-                    for k, value in cur:
-                        if not k.startswith(head):
-                            break
-                        if len(k) == len(head) + 8:
-                            entries.append(value)
-                out.append((entries, txn.get(key, db=self._refs)))
+                out.append((_log_entries(cur, key), txn.get(key, db=self._refs)))
                 if len(out) % _NOTE_EVERY == 0:  # a look at the mapped pages, as a read's
                     _mapped.note(_NOTE_EVERY)
         return out
