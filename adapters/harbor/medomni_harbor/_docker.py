@@ -134,8 +134,11 @@ def tar_file(source: Path, name: str) -> bytes:
     return buf.getvalue()
 
 
-def tar_dirs(dirs: Iterable[tuple[str, int]]) -> bytes:
-    """Empty folders (path relative to /, mode), parents first, for one ``put_archive("/")``."""
+def tar_dirs(
+    dirs: Iterable[tuple[str, int]], files: Iterable[tuple[str, bytes, int]] = ()
+) -> bytes:
+    """Empty folders (path relative to /, mode), parents first, then ``files`` (path, bytes,
+    mode) in them, for one ``put_archive("/")``; owned by root."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, mode in dirs:
@@ -143,6 +146,10 @@ def tar_dirs(dirs: Iterable[tuple[str, int]]) -> bytes:
             info.type = tarfile.DIRTYPE
             info.mode = mode
             tar.addfile(info)
+        for name, data, mode in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 

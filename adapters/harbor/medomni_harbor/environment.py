@@ -264,11 +264,7 @@ class MedomniDockerEnvironment(BaseEnvironment):
                 network_mode="none",
                 extra_hosts={"perception": "127.0.0.1"},
                 volumes={job.volume: {"bind": RELAY_MOUNT, "mode": "ro"}},
-                labels={  # the job's, not a trial's: it serves several
-                    _docker.LABEL: "perception",
-                    _docker.OWNER_LABEL: _docker.owner(),
-                    "medomni-harbor.tasks": str(job.tasks_root),
-                },
+                labels=job.labels("perception"),  # the job's, not a trial's: it serves several
                 **self._limits(self._relay_cpus, self._relay_memory_mb),
             )
             relay.start()
@@ -446,19 +442,10 @@ class MedomniDockerEnvironment(BaseEnvironment):
 
 def _token_tar(token: str) -> bytes:
     """The relay's token file, as one ``put_archive("/")``."""
-    import io
-    import tarfile
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        folder = tarfile.TarInfo(str(PurePosixPath(RELAY_TOKEN_FILE).parent).lstrip("/"))
-        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
-        tar.addfile(folder)
-        data = f"{token}\n".encode()
-        info = tarfile.TarInfo(RELAY_TOKEN_FILE.lstrip("/"))
-        info.size, info.mode = len(data), 0o600
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    path = PurePosixPath(RELAY_TOKEN_FILE.lstrip("/"))
+    return _docker.tar_dirs(
+        [(str(path.parent), 0o700)], [(str(path), f"{token}\n".encode(), 0o600)]
+    )
 
 
 def _alive(ctr: Any) -> Any:

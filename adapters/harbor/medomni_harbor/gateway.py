@@ -219,6 +219,15 @@ class JobGateway:
             _remove_container(ctr)
 
     # -- the forwarder (our docker environment) ----------------------------------------------
+    def labels(self, role: str) -> dict[str, str]:
+        """The labels of a container or volume of this job (not of one trial), in ``role``:
+        a later run removes what a killed one left behind (`_docker.remove_stale`)."""
+        return {
+            _docker.LABEL: role,
+            _docker.OWNER_LABEL: _docker.owner(),
+            "medomni-harbor.tasks": str(self.tasks_root),
+        }
+
     def start_forwarder(self, docker_host: str | None, image: str, timeout: float = 60.0) -> None:
         """The job's forwarder container and its named volume, on the engine at
         ``docker_host``; removed when the job's gateway closes."""
@@ -226,11 +235,7 @@ class JobGateway:
 
         c = _docker.client(docker_host)
         key = blake3.blake3(f"{self.tasks_root} {self.url}".encode()).hexdigest()[:12]
-        labels = {
-            _docker.LABEL: "gateway",
-            _docker.OWNER_LABEL: _docker.owner(),
-            "medomni-harbor.tasks": str(self.tasks_root),
-        }
+        labels = self.labels("gateway")
         volume = c.volumes.create(name=f"mdh-gw-{key}", labels=labels)
         self.volume = volume.name
         self._stack.callback(_remove_volume, c, volume)
