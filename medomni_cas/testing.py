@@ -268,6 +268,23 @@ class BackendTests:
     def test_iter_parts_of_an_empty_store(self, backend: Backend) -> None:
         assert list(backend.iter_parts(1 << 20)) == []
 
+    def test_iter_stamped_parts_gives_each_object_its_write_time(self, backend: Backend) -> None:
+        """gc's pass: `iter_parts` with the times `iter_stamps` gives, each key once."""
+        small = [(key(b"stamped%d" % i), b"t%d" % i) for i in range(40)]
+        large = [(key(b"stamped-large%d" % i), bytes([i]) * 300_000) for i in range(5)]
+        backend.put_many([*small, *large])
+        parts = list(backend.iter_stamped_parts(1 << 20, size=6))
+        keys = [k for ks, _, _ in parts for k in ks]
+        assert sorted(keys) == sorted(backend.iter_keys())
+        assert len(keys) == len(set(keys)) == 45
+        assert [d for _, got, _ in parts for d in got] == backend.get_list(keys)
+        assert all(0 < len(ks) == len(got) == len(when) <= 6 for ks, got, when in parts)
+        stamps = dict(backend.iter_stamps())
+        assert {k: t for ks, _, when in parts for k, t in zip(ks, when, strict=True)} == stamps
+
+    def test_iter_stamped_parts_of_an_empty_store(self, backend: Backend) -> None:
+        assert list(backend.iter_stamped_parts(1 << 20)) == []
+
     def test_batch_reads_agree(self, backend: Backend) -> None:
         items = [(key(b"batch%d" % i), b"value %d" % i) for i in range(300)]
         backend.put_many(items[::2])

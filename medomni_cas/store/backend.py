@@ -200,6 +200,18 @@ class Backend(ABC):
         while chunk := list(islice(keys, size)):
             yield from self.get_parts(chunk, held_bytes)
 
+    def iter_stamped_parts(
+        self, held_bytes: int, size: int = 4096
+    ) -> Iterator[tuple[list[bytes], list[bytes | None], list[float]]]:
+        """`iter_parts` with each key's write time (as `iter_stamps` gives it): a pass
+        that both marks and sweeps (gc's). Default: the stamps listed ``size`` at a time,
+        then the keys read; override where one read gives all three."""
+        stamped = iter(self.iter_stamps())
+        while chunk := list(islice(stamped, size)):
+            when = dict(chunk)
+            for keys, values in self.get_parts([key for key, _ in chunk], held_bytes):
+                yield keys, values, [when[key] for key in keys]
+
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys that are not stored, in order."""
         return [k for k in keys if not self.contains(k)]

@@ -7,11 +7,19 @@ this run minus ``grace``. The start is read before anything is listed, so an obj
 while gc runs is never deleted; ``grace`` protects a writer that has put objects but not yet
 the ref that names them.
 
-Memory: the mark is the store's checked walk (`medomni_cas.store.verify.CheckedWalk`, not
-canonical), whose set of what it met spills to sorted runs on disk beyond a bound; the sweep
-lists the store a chunk at a time and asks the mark a chunk at a time. A killed gc has
-deleted only what a finished mark did not reach (the mark completes before the first
-delete), and leaves its temporary files in TMPDIR.
+How: one pass over the store in key order (`Backend.iter_stamped_parts`, each object read
+once with its write time and its hash checked), kept on disk as the pass read it
+(`medomni_cas.store._reach`); the refs are read after it, and what they reach is marked
+a level at a time, one byte per listed object; the sweep deletes from the listing. A
+store 16 times as large takes about 16 times as long (RESULTS.md, stop 31), where marking
+by a walk (a read per reachable object, wherever its level found it) took 1.8 times as
+long per object. A listing that is not in key order (a dict's, some folders') is marked by
+the store's checked walk instead (`medomni_cas.store.verify.CheckedWalk`, not canonical),
+whose set of what it met spills to sorted runs on disk beyond a bound. Either way a killed
+gc has deleted only what a finished mark did not reach (the mark completes before the
+first delete), and leaves its temporary files in TMPDIR. The pass reads unreachable
+objects too: a corrupt one that nothing reaches is garbage; one that something reaches
+stops gc, as would a walk.
 
 Limits a writer must respect (as in git): an object is protected by its write time, so a
 writer that links to an object already in the store without putting it again relies on that
@@ -22,8 +30,10 @@ shorter than that is for tests and single-user stores only.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from itertools import batched
 from typing import TYPE_CHECKING
 
@@ -31,6 +41,10 @@ import msgspec
 
 from medomni_cas.errors import IntegrityError, InvalidObject, UnsupportedOperation
 from medomni_cas.store._crash import crash_point
+from medomni_cas.store._fast import BATCH, BatchChecker, Findings
+from medomni_cas.store._fast.pool import HELD_BYTES
+from medomni_cas.store._reach import Reach, Unordered, listed, split
+from medomni_cas.store._spill import scratch
 from medomni_cas.store.reflog import RefLogEntry
 from medomni_cas.store.verify import CORRUPT, MALFORMED, CheckedWalk, ClosureCheck
 
@@ -118,9 +132,10 @@ def gc(
 
     A missing reachable object does not stop gc; a corrupt or malformed one raises
     `IntegrityError` or `InvalidObject` before anything is deleted (its links cannot be read,
-    so the mark would be incomplete). ``progress`` gets the number of objects marked, then
-    the number of objects listed. ``jobs``: processes that may share the mark (1: this
-    one; None: one per core, up to 4).
+    so the mark would be incomplete). ``progress`` gets the number of objects the pass
+    has read, then how far the sweep has come through them (by a walk: the objects marked,
+    then listed). ``jobs``: processes that may share a walk's mark (1: this one; None: one
+    per core, up to 4); the pass is read in this process.
     """
     backend = store.backend
     if not backend.supports_deletes:
@@ -130,6 +145,10 @@ def gc(
     start = time.time()  # before any listing: whatever is written from now on is kept
     cutoff = start - grace - _STAMP_SLACK
 
+    try:
+        return _by_pass(store, start, reflog_retention, cutoff, dry_run, progress)
+    except Unordered:
+        pass  # a listing not in key order (a dict's, a folder's): marked by the walk
     # The mark: the store's checked walk (`medomni_cas.store.verify`), whose set of what it
     # met stays in memory up to a bound and spills to sorted runs on disk beyond it (removed
     # with the walk; a killed gc leaves it in TMPDIR and has deleted nothing the mark had
@@ -140,17 +159,113 @@ def gc(
         return _sweep(store, mark, cutoff, dry_run, progress)
 
 
+def _by_pass(
+    store: Store,
+    start: float,
+    reflog_retention: float,
+    cutoff: float,
+    dry_run: bool,
+    progress: Progress | None,
+) -> GcReport:
+    """gc by one pass over the store in key order (`medomni_cas.store._reach`): list it,
+    mark what the refs (read after the pass) reach, delete from the listing."""
+    backend = store.backend
+    check = BatchChecker(canonical=False)
+
+    def read(ids: list[bytes]) -> Findings:  # an id reached that the pass did not list
+        return check(ids, backend.get_list(ids), owners=True)
+
+    folder = scratch("gc")  # removed here; a killed gc leaves it in TMPDIR
+    try:
+        parts = backend.iter_stamped_parts(HELD_BYTES, BATCH)
+        with (
+            closing(listed(parts, check, folder, progress)) as listing,
+            closing(Reach(listing, folder, read)) as reach,
+        ):
+            # the roots after the pass: an object a ref names that the pass did not list
+            # (put since) is read, and its links followed
+            reach.walk(_roots(store, start - reflog_retention))
+            bad = reach.reached_bad()
+            if bad is not None:
+                key, kind, detail = bad
+                if kind == CORRUPT:
+                    raise IntegrityError(key.hex(), detail, store.url)
+                raise InvalidObject(f"object {key.hex()}: {detail}")
+            return _sweep_listed(store, reach, cutoff, dry_run, progress)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep_listed(
+    store: Store, reach: Reach, cutoff: float, dry_run: bool, progress: Progress | None
+) -> GcReport:
+    """Delete the objects of the pass's listing that ``reach`` did not mark and that are
+    older than ``cutoff``, a first byte at a time."""
+    listing = reach.listing
+    reachable = reach.reachable
+    reach.marked[listing.absent] = True  # gone since they were listed
+    kept_young = 0
+
+    def candidates() -> Iterator[tuple[bytes, int]]:
+        nonlocal kept_young
+        for byte in range(256):
+            lo, hi = listing.starts[byte], listing.starts[byte + 1]
+            unmarked = ~reach.marked[lo:hi]
+            if not unmarked.any():
+                continue
+            old = listing.stamps(lo, hi) < cutoff
+            kept_young += int((unmarked & ~old).sum())
+            for key in split(listing.keys(lo, hi)[unmarked & old].tobytes()):
+                yield key, hi
+
+    swept, swept_ids, orphans = _delete(store, candidates(), dry_run, cutoff, progress)
+    return GcReport(
+        reachable=reachable,
+        swept=swept,
+        kept_young=kept_young,
+        dry_run=dry_run,
+        swept_ids=swept_ids,
+        orphans=orphans,
+    )
+
+
+def _delete(
+    store: Store,
+    candidates: Iterator[tuple[bytes, int]],
+    dry_run: bool,
+    cutoff: float,
+    progress: Progress | None,
+) -> tuple[int, list[str], int]:
+    """Delete the ``candidates`` (each with how far the listing has come), then the
+    leftovers of killed writers: how many deleted, the first of them, the leftovers."""
+    backend = store.backend
+    swept = 0
+    swept_ids: list[str] = []
+    for chunk in batched(candidates, _BATCH):
+        part = [key for key, _ in chunk]
+        n = len(part) if dry_run else backend.delete_many(part, older_than=cutoff)
+        crash_point("gc-sweep")  # the tests kill gc here: the mark is done, some swept
+        swept += n
+        room = MAX_SWEPT_IDS - len(swept_ids)
+        if room > 0:
+            swept_ids.extend(bytes(k).hex() for k in part[:room])
+        if progress:
+            progress(chunk[-1][1])
+    orphans = 0 if dry_run else backend.remove_orphans(cutoff)
+    return swept, swept_ids, orphans
+
+
 def _sweep(
     store: Store, mark: CheckedWalk, cutoff: float, dry_run: bool, progress: Progress | None
 ) -> GcReport:
     """Delete what ``mark`` did not reach and is older than ``cutoff``, listing the store
     a chunk at a time."""
     backend = store.backend
-    swept = kept_young = listed = 0
-    swept_ids: list[str] = []
+    kept_young = 0
 
-    def candidates() -> Iterator[bytes]:
-        nonlocal kept_young, listed
+    def candidates() -> Iterator[tuple[bytes, int]]:
+        nonlocal kept_young
+        listed = 0
         for part in batched(backend.iter_stamps(), _LIST_BATCH):
             listed += len(part)
             unmarked = set(mark.seen.absent([key for key, _ in part]))
@@ -160,18 +275,9 @@ def _sweep(
                 if stamp >= cutoff:
                     kept_young += 1
                     continue
-                yield key
+                yield key, listed
 
-    for part in batched(candidates(), _BATCH):
-        n = len(part) if dry_run else backend.delete_many(part, older_than=cutoff)
-        crash_point("gc-sweep")  # the tests kill gc here: the mark is done, some swept
-        swept += n
-        room = MAX_SWEPT_IDS - len(swept_ids)
-        if room > 0:
-            swept_ids.extend(bytes(k).hex() for k in part[:room])
-        if progress:
-            progress(listed)
-    orphans = 0 if dry_run else backend.remove_orphans(cutoff)
+    swept, swept_ids, orphans = _delete(store, candidates(), dry_run, cutoff, progress)
     return GcReport(
         reachable=mark.check.objects,
         swept=swept,

@@ -418,17 +418,38 @@ class LMDBBackend(Backend):
         # docstring inherited; keys and bytes from one cursor: each B-tree leaf is mapped
         # once, where a listing then a read maps it twice, and past the mapped budget
         # (`_mapped`) faults it twice (the leaves of keys in order lie anywhere in the file)
+        for keys, values, _ in self._parts(held_bytes, size, stamps=False):
+            yield keys, values
+
+    def iter_stamped_parts(
+        self, held_bytes: int, size: int = 4096
+    ) -> Iterator[tuple[list[bytes], list[bytes | None], list[float]]]:
+        # docstring inherited; from the same cursor as `iter_parts`: a value's header holds
+        # its write time
+        return self._parts(held_bytes, size, stamps=True)
+
+    def _parts(
+        self, held_bytes: int, size: int, *, stamps: bool
+    ) -> Iterator[tuple[list[bytes], list[bytes | None], list[float]]]:
+        """Every key, its bytes and (with ``stamps``, else none) its write time, in parts
+        (`iter_parts`)."""
+        when: list[float] = []
         for chunk in self._listing(self._objects, b"", values=True):
             keys = list(map(_FIRST, chunk))
             values: list[bytes | None] = list(map(_SECOND, chunk))
-            inline = _inline(values)
+            if stamps:
+                when = [ms / 1000.0 for _, ms in map(_HDR.unpack_from, cast("list[bytes]", values))]
             for i in range(0, len(keys), size):
-                part = inline[i : i + size] if inline is not None else None
+                # a part at a time: one large object sends its own part the slow way only
+                part = _inline(values[i : i + size])
                 if part is not None and sum(map(len, cast("list[bytes]", part))) <= held_bytes:
-                    yield keys[i : i + size], part  # C-level passes, the common case
-                else:
-                    stored = zip(keys[i : i + size], values[i : i + size], strict=True)
-                    yield from self._cut(stored, held_bytes, size)
+                    yield keys[i : i + size], part, when[i : i + size]  # C-level passes
+                    continue
+                stored = zip(keys[i : i + size], values[i : i + size], strict=True)
+                at = i
+                for got_keys, got in self._cut(stored, held_bytes, size):
+                    yield got_keys, got, when[at : at + len(got_keys)]
+                    at += len(got_keys)
 
     def _listing(
         self, db: lmdb._Database, start: bytes, *, values: bool
