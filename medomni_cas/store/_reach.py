@@ -2,15 +2,17 @@
 
 gc's mark as a walk (`medomni_cas.store.verify.CheckedWalk`) reads each object where its
 level finds it: a read per object, the B-tree's pages mapped again after every drop of the
-mapped budget (`medomni_cas.store._mapped`), so that a store 16 times as large took 1.8
-times as long per object to mark (RESULTS.md, stop 31). Here the store is read once, in key
-order (`Backend.iter_stamped_parts`: each leaf mapped once, as fsck's pass), and what a mark
-and a sweep need of it is kept on disk in the order read (`Listing`): each object's key,
-write time and links. An object is then its position in the listing, and the mark one
-byte per object (numpy booleans: 100M objects, 100 MB, where a set of their ids was 10 GB).
-Links are found among the keys a first byte at a time (that byte's keys read with
-``pread`` and searched by numpy), so about a 256th of the keys and links is held at once;
-the links of a level wait in `ByteRuns`, which spill to disk beyond a bound.
+mapped budget (`medomni_cas.store._mapped`), so that gc of a store 16 times as large took
+1.4 times as long per object (1.6M objects against 100k; RESULTS.md, stop 31). Here the
+store is read once, in key order (`Backend.iter_stamped_parts`: each leaf mapped once, as
+fsck's pass), and what a mark and a sweep need of it is kept on disk in the order read
+(`Listing`): each object's key, write time and links. An object is then its position in
+the listing, and the mark one byte per object (numpy booleans, and one more for the level
+being marked: 100M objects, 200 MB, where a set of their ids was 10 GB); on disk in
+TMPDIR, 48 bytes per object and 32 per link. Links are found among the keys a first byte
+at a time (that byte's keys read with ``pread`` and searched by numpy), so about a 256th
+of the keys and links is held at once; the links of a level wait in `ByteRuns`, which
+spill to disk beyond a bound.
 
 The listing must come in key order, as LMDB's does: one that does not (a dict's, a
 folder's) raises `Unordered` and the caller marks by the walk instead. An id a link names

@@ -40,9 +40,12 @@ import struct
 import tempfile
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from itertools import filterfalse
+from itertools import compress, filterfalse
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
+import numpy.typing as npt
 
 from medomni_cas.store._fast import unseen
 from medomni_cas.store.ids import ID_SIZE
@@ -53,8 +56,11 @@ __all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "Run", "by_first_byte", "scratc
 DEFAULT_BOUND = 1 << 17
 _ENV = "MEDOMNI_SPILL_IDS"
 _FIRST_BYTE = operator.itemgetter(0)
-_PROBES = 24  # reads of one binary search in a large run, about: fewer keys than the
-# byte's ids / this are looked up one by one
+_IDS = np.dtype(f"S{ID_SIZE}")
+#: a byte's records read whole unless fewer keys than its records / this are asked: each
+#: then by a binary search of reads (about 24 of them), where a read of the whole byte
+#: and numpy's search cost about that much per 2,000 records
+_SCAN = 2048
 
 
 def spill_bound() -> int:
@@ -102,16 +108,19 @@ class Run:
             for byte in range(256):
                 starts.append(n)
                 a, b = older.raw(byte), newer.raw(byte)
-                if width == ID_SIZE or not a or not b:
-                    # sorted() merges two sorted lists in one linear pass (its runs are
-                    # found, not re-sorted); ids alone are never in both
-                    records = sorted(_split(a, width) + _split(b, width))
+                if not a or not b:
+                    merged = a or b
                 else:
-                    latest = _by_id(a, width)
-                    latest.update(_by_id(b, width))
-                    records = sorted(map(operator.add, latest, latest.values()))
-                f.write(b"".join(records))
-                n += len(records)
+                    # newer's first, then a stable sort by id: of an id in both, the record
+                    # kept is the first of its equals, newer's (ids alone are never in both)
+                    both = np.concatenate((_records(b, width), _records(a, width)))
+                    both = both[np.argsort(both["id"], kind="stable")]
+                    ids = both["id"]
+                    if len(ids) > 1:
+                        both = both[np.concatenate(([True], ids[1:] != ids[:-1]))]
+                    merged = both.tobytes()
+                f.write(merged)
+                n += len(merged) // width
         older.close()
         newer.close()
         return cls(path, [*starts, n], width)
@@ -132,19 +141,23 @@ class Run:
         lo, hi = self.starts[byte], self.starts[byte + 1]
         if lo == hi or not keys:
             return {}
-        if len(keys) * _PROBES < hi - lo:
+        if len(keys) * _SCAN < hi - lo:
             return {k: r[ID_SIZE:] for k in keys if (r := self._find(k, lo, hi)) is not None}
-        here = _by_id(self.raw(byte), self.width)
-        return {k: here[k] for k in keys if k in here}
+        here = _records(self.raw(byte), self.width)
+        at = _positions(here["id"], keys)
+        hits = np.flatnonzero(at >= 0)
+        rest = here["rest"][at[hits]].tolist()
+        return dict(zip([keys[i] for i in hits.tolist()], rest, strict=True))
 
     def present(self, byte: int, keys: list[bytes]) -> set[bytes]:
         """Those of ``keys`` (all of first byte ``byte``) that are here."""
         lo, hi = self.starts[byte], self.starts[byte + 1]
         if lo == hi or not keys:
             return set()
-        if len(keys) * _PROBES < hi - lo:  # a few keys: looked up, not the byte read whole
+        if len(keys) * _SCAN < hi - lo:  # a few keys: looked up, not the byte read whole
             return {k for k in keys if self._find(k, lo, hi) is not None}
-        return set(keys).intersection(self.ids(byte))
+        here = _records(self.raw(byte), self.width)["id"]
+        return set(compress(keys, (_positions(here, keys) >= 0).tolist()))
 
     def _find(self, key: bytes, lo: int, hi: int) -> bytes | None:
         fd, w = self._fd, self.width
@@ -175,14 +188,28 @@ def _split(data: bytes, width: int = ID_SIZE) -> list[bytes]:
     return list(struct.unpack(f"{width}s" * n, data)) if n else []
 
 
-def _by_id(data: bytes, width: int) -> dict[bytes, bytes]:
-    """Each of the records end to end in ``data``: its id and the rest of it."""
+def _records(data: bytes, width: int) -> npt.NDArray[np.void]:
+    """Records end to end in ``data`` as a numpy array of ``id`` (S32) and ``rest``."""
     n, cut = divmod(len(data), width)
     if cut:
         raise OSError(f"a spill file read {len(data)} bytes, not whole {width}-byte records")
-    # one C-level unpack of "32s16s32s16s...", as `_split`
-    parts = struct.unpack(f"{ID_SIZE}s{width - ID_SIZE}s" * n, data)
-    return dict(zip(parts[::2], parts[1::2], strict=True))
+    if width == ID_SIZE:
+        kind = np.dtype([("id", _IDS)])
+    else:
+        kind = np.dtype([("id", _IDS), ("rest", f"V{width - ID_SIZE}")])
+    return np.frombuffer(data, kind, n)
+
+
+def _positions(here: npt.NDArray[np.bytes_], keys: list[bytes]) -> npt.NDArray[np.intp]:
+    """Where each of ``keys`` is in the sorted ids ``here`` (-1: not there), by numpy's
+    binary search: C-level, where a dict of a byte's records cost a Python object each.
+    S32 compares as bytes do for ids of one length (its zero padding is never seen: both
+    sides are 32 bytes, and only positions come back, never S32 values)."""
+    ask = np.frombuffer(b"".join(keys), _IDS)
+    at = np.searchsorted(here, ask)
+    inside = at < len(here)
+    inside[inside] = here[at[inside]] == ask[inside]
+    return np.where(inside, at, -1)
 
 
 def by_first_byte(keys: Iterable[bytes]) -> dict[int, list[bytes]]:

@@ -12,14 +12,15 @@ once with its write time and its hash checked), kept on disk as the pass read it
 (`medomni_cas.store._reach`); the refs are read after it, and what they reach is marked
 a level at a time, one byte per listed object; the sweep deletes from the listing. A
 store 16 times as large takes about 16 times as long (RESULTS.md, stop 31), where marking
-by a walk (a read per reachable object, wherever its level found it) took 1.8 times as
-long per object. A listing that is not in key order (a dict's, some folders') is marked by
-the store's checked walk instead (`medomni_cas.store.verify.CheckedWalk`, not canonical),
-whose set of what it met spills to sorted runs on disk beyond a bound. Either way a killed
-gc has deleted only what a finished mark did not reach (the mark completes before the
-first delete), and leaves its temporary files in TMPDIR. The pass reads unreachable
-objects too: a corrupt one that nothing reaches is garbage; one that something reaches
-stops gc, as would a walk.
+by a walk (a read per reachable object, wherever its level found it) took 1.4 times as
+long per object. The listing takes 48 bytes per object and 32 per link of TMPDIR; a full
+disk there stops gc before it deletes anything. A listing that is not in key order (a
+dict's, some folders') is marked by the store's checked walk instead
+(`medomni_cas.store.verify.CheckedWalk`, not canonical), whose set of what it met spills
+to sorted runs on disk beyond a bound. Either way a killed gc has deleted only what a
+finished mark did not reach (the mark completes before the first delete), and leaves its
+temporary files in TMPDIR. The pass reads unreachable objects too: a corrupt one that
+nothing reaches is garbage; one that something reaches stops gc, as would a walk.
 
 Limits a writer must respect (as in git): an object is protected by its write time, so a
 writer that links to an object already in the store without putting it again relies on that
