@@ -34,7 +34,7 @@ def test_ids_that_end_in_zero_bytes_are_found_as_themselves(tmp_path: Path) -> N
     zero = bytes(32)
     keys = sorted([a, b, c, zero])
     listing = Listing(tmp_path)
-    listing.add(keys, [b""] * 4, [1.0] * 4, _found(keys))
+    listing.add(keys, [1.0] * 4, _found(keys))
     listing.done()
     try:
         at, outside = listing.find(7, _ids(sorted([a, c, bytes([7] * 30 + [0, 2])])))
@@ -61,7 +61,7 @@ def test_a_listing_out_of_key_order_is_refused(tmp_path: Path, parts: list[list[
     try:
         with pytest.raises(Unordered):
             for keys in parts:
-                listing.add(keys, [b""] * len(keys), [0.0] * len(keys), _found(keys))
+                listing.add(keys, [0.0] * len(keys), _found(keys))
     finally:
         listing.close()
 
@@ -103,8 +103,8 @@ def test_reach_marks_what_the_roots_reach_level_by_level(tmp_path: Path) -> None
     stored = dict([leaf, *mid, top, lost])
     keys = sorted(stored)
     check = BatchChecker(canonical=False)
-    parts = [
-        (keys[i : i + 9], [stored[k] for k in keys[i : i + 9]], [0.0] * len(keys[i : i + 9]))
+    parts: list[tuple[list[bytes], list[bytes | None], list[float]]] = [
+        (list(keys[i : i + 9]), [stored[k] for k in keys[i : i + 9]], [0.0] * len(keys[i : i + 9]))
         for i in range(0, len(keys), 9)
     ]
     reads: list[list[bytes]] = []

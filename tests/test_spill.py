@@ -18,7 +18,7 @@ import pytest
 import medomni_cas as mc
 from medomni_cas.store import _mapped
 from medomni_cas.store._crash import CRASH_ENV
-from medomni_cas.store._spill import IdList, MarkSet
+from medomni_cas.store._spill import IdList, MarkSet, Run
 from medomni_cas.store.backends import lmdb as lmdb_backend
 from medomni_cas.store.blobs import blob_object
 from medomni_cas.store.gc import gc
@@ -309,3 +309,44 @@ def test_a_run_cut_short_on_disk_is_an_error_not_fewer_ids(tmp_path: Path) -> No
             run.ids(byte)
         with pytest.raises(OSError, match="not whole"):
             marks.absent([k for k in ids if k[0] == byte] * 40)
+
+
+def test_a_run_finds_and_merges_ids_that_end_in_zero_bytes(tmp_path: Path) -> None:
+    """A run's byte is searched by numpy as S32, which would drop an id's trailing zero
+    bytes if it gave ids back: ids that differ only there are found, told apart and merged
+    as themselves, with the newer run's record kept for an id in both, many asked or few."""
+    ids = sorted(
+        {bytes([5] * 30 + [0, 0]), bytes([5] * 30 + [0, 1]), bytes([5] * 31 + [0]), bytes(32)}
+        | {bytes([5] * 29 + [i, 0, 0]) for i in range(40)}
+    )
+    older = Run.write(
+        tmp_path / "older", [k + b"old-" + bytes([i]) * 12 for i, k in enumerate(ids[::2])], 48
+    )
+    newer = Run.write(
+        tmp_path / "newer", [k + b"new-" + bytes([i]) * 12 for i, k in enumerate(ids[:20])], 48
+    )
+    asked = [bytes([5] * 31 + [0]), bytes([5] * 30 + [0, 0]), bytes([5] * 30 + [0, 2])]
+    fives = [k for k in ids if k[0] == 5]
+    for run in (older, newer):
+        every = run.found(5, fives)
+        assert run.found(5, asked) == {k: v for k, v in every.items() if k in asked}
+    # a byte far larger than what is asked: a binary search of reads per key
+    many = sorted({*ids, *(bytes([5] * 28) + i.to_bytes(4, "big") for i in range(3000))})
+    large = Run.write(tmp_path / "large", [k + bytes(16) for k in many], 48)
+    try:
+        assert set(large.found(5, asked[:1])) == {asked[0]}
+        assert large.present(5, asked[2:]) == set()
+        assert large.present(5, [bytes([5] * 30 + [0, 0])]) == {bytes([5] * 30 + [0, 0])}
+    finally:
+        large.close()
+    assert set(newer.found(5, asked)) == {k for k in asked if k in ids[:20]}
+    merged = Run.merged(tmp_path / "merged", older, newer)
+    try:
+        got = merged.found(5, fives)
+        assert set(got) == (set(ids[::2]) | set(ids[:20])) - {bytes(32)}
+        assert all(got[k].startswith(b"new-") == (k in ids[:20]) for k in got)
+        assert merged.found(0, [bytes(32)]) == {bytes(32): b"new-" + bytes(12)}  # in both
+        assert merged.present(5, asked) == {k for k in asked if k in ids}
+        assert merged.n == len(set(ids[::2]) | set(ids[:20]))
+    finally:
+        merged.close()

@@ -100,11 +100,9 @@ class Listing:
         self.bad: dict[int, tuple[bytes, str, str]] = {}
         self.absent: list[int] = []  # listed, then not read (deleted since)
 
-    def add(
-        self, keys: list[bytes], values: list[bytes | None], stamps: list[float], found: Findings
-    ) -> None:
-        """One part of the pass: its keys, bytes and write times, and its findings (with
-        owners)."""
+    def add(self, keys: list[bytes], stamps: list[float], found: Findings) -> None:
+        """One part of the pass: its keys and write times, and what checking its bytes
+        found (with owners)."""
         if not keys:
             return
         rows = _rows(keys)
@@ -130,7 +128,7 @@ class Listing:
                 counts = per_sound
             else:
                 counts[[at[key] for key in found.sound]] = per_sound
-            self._out["links"].write(_rows(list(links)).tobytes())
+            self._out["links"].write(_rows(links).tobytes())
         starts = self.links + np.concatenate(([0], np.cumsum(counts)[:-1]))
         self._out["offsets"].write(starts.astype("<i8").tobytes())
         self._out["keys"].write(rows.tobytes())
@@ -361,7 +359,7 @@ def listed(
     listing = Listing(folder)
     try:
         for keys, values, stamps in parts:
-            listing.add(keys, values, stamps, check(keys, values, owners=True))
+            listing.add(keys, stamps, check(keys, values, owners=True))
             if progress:
                 progress(listing.n)
         listing.done()
