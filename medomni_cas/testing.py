@@ -282,6 +282,16 @@ class BackendTests:
         stamps = dict(backend.iter_stamps())
         assert {k: t for ks, _, when in parts for k, t in zip(ks, when, strict=True)} == stamps
 
+    def test_a_backend_that_lists_in_key_order_does(self, backend: Backend) -> None:
+        """gc marks from one pass only where the listing says it is in key order."""
+        if not backend.lists_in_key_order:
+            _skip(f"{backend!r} does not list in key order")
+        backend.put_many([(key(b"ordered%d" % i), b"o%d" % i) for i in range(300)])
+        listed = list(backend.iter_keys())
+        assert listed == sorted(listed) and len(listed) == 300
+        assert [k for k, _ in backend.iter_stamps()] == listed
+        assert [k for ks, _, _ in backend.iter_stamped_parts(1 << 20, size=7) for k in ks] == listed
+
     def test_iter_stamped_parts_of_an_empty_store(self, backend: Backend) -> None:
         assert list(backend.iter_stamped_parts(1 << 20)) == []
 

@@ -54,6 +54,10 @@ class Backend(ABC):
 
     #: Objects can be deleted (gc).
     supports_deletes: ClassVar[bool] = True
+    #: ``iter_keys``, ``iter_stamps`` and the passes list keys in ascending byte order (a
+    #: B-tree's): gc then marks from one pass over the store (`medomni_cas.store._reach`),
+    #: where a listing in any other order is marked by a walk.
+    lists_in_key_order: ClassVar[bool] = False
     #: ``ref_update`` is atomic against other writers (processes, machines); a backend may
     #: set it per instance when it depends on the filesystem it was opened on.
     supports_atomic_refs: bool = True

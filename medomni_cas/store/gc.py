@@ -14,8 +14,8 @@ a level at a time, one byte per listed object; the sweep deletes from the listin
 store 16 times as large takes about 16 times as long (RESULTS.md, stop 31), where marking
 by a walk (a read per reachable object, wherever its level found it) took 1.4 times as
 long per object. The listing takes 48 bytes per object and 32 per link of TMPDIR; a full
-disk there stops gc before it deletes anything. A listing that is not in key order (a
-dict's, some folders') is marked by the store's checked walk instead
+disk there stops gc before it deletes anything. A backend that does not list in key order
+(`Backend.lists_in_key_order`: LMDB does) is marked by the store's checked walk instead
 (`medomni_cas.store.verify.CheckedWalk`, not canonical), whose set of what it met spills
 to sorted runs on disk beyond a bound. Either way a killed gc has deleted only what a
 finished mark did not reach (the mark completes before the first delete), and leaves its
@@ -146,10 +146,11 @@ def gc(
     start = time.time()  # before any listing: whatever is written from now on is kept
     cutoff = start - grace - _STAMP_SLACK
 
-    try:
-        return _by_pass(store, start, reflog_retention, cutoff, dry_run, progress)
-    except Unordered:
-        pass  # a listing not in key order (a dict's, a folder's): marked by the walk
+    if backend.lists_in_key_order:
+        try:
+            return _by_pass(store, start, reflog_retention, cutoff, dry_run, progress)
+        except Unordered:
+            pass  # it was not (or a key is not an id): marked by the walk, which names it
     # The mark: the store's checked walk (`medomni_cas.store.verify`), whose set of what it
     # met stays in memory up to a bound and spills to sorted runs on disk beyond it (removed
     # with the walk; a killed gc leaves it in TMPDIR and has deleted nothing the mark had

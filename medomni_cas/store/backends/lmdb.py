@@ -94,6 +94,7 @@ class LMDBBackend(Backend):
     # a write transaction's dirty pages are held in memory until it commits: a bulk copy
     # of random ids dirties about a page (4 KiB) per object
     write_batch_items = 4096
+    lists_in_key_order = True  # its listings are cursors over a B-tree
 
     def __init__(
         self,
