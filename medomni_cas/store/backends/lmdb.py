@@ -30,6 +30,7 @@ import struct
 import time
 from binascii import hexlify
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Literal, TypeVar, cast, overload
@@ -462,28 +463,26 @@ class LMDBBackend(Backend):
         after: bytes | None = None
         while True:
             chunk: list[tuple[bytes, bytes]] = []
-            with self._read() as txn:
+            with self._read(buffers=False) as txn:
                 cur = txn.cursor(db)
                 if not cur.set_range(start if after is None else after):
                     return
-                if after is not None and bytes(cur.key()) == after and not cur.next():
+                if after is not None and cur.key() == after and not cur.next():
                     return
                 # the mapped pages looked at every `_NOTE_EVERY` keys: the leaves of keys
-                # in order lie anywhere in the file, each mapped with its neighbours
-                if values:
-                    for key, value in cur.iternext(keys=True, values=True):
-                        chunk.append((bytes(key), bytes(value)))
-                        if len(chunk) % _NOTE_EVERY == 0:
-                            _mapped.note(_NOTE_EVERY)
-                            if len(chunk) >= _LIST_CHUNK:
-                                break
-                else:
-                    for key in cur.iternext(keys=True, values=False):
-                        chunk.append((bytes(key), b""))
-                        if len(chunk) % _NOTE_EVERY == 0:
-                            _mapped.note(_NOTE_EVERY)
-                            if len(chunk) >= _LIST_CHUNK:
-                                break
+                # in order lie anywhere in the file, each mapped with its neighbours; a
+                # C-level pass per part (the pairs come as bytes, copied by LMDB's binding)
+                pairs: Iterator[tuple[bytes, bytes]] = (
+                    cur.iternext(keys=True, values=True)
+                    if values
+                    else zip(cur.iternext(keys=True, values=False), repeat(b""))
+                )
+                while len(chunk) < _LIST_CHUNK:
+                    part = list(islice(pairs, _NOTE_EVERY))
+                    chunk += part
+                    _mapped.note(len(part))
+                    if len(part) < _NOTE_EVERY:
+                        break
             if not chunk:
                 return
             yield chunk
