@@ -515,10 +515,13 @@ def test_cli_refuses_a_bad_port_or_store(
         assert f"127.0.0.1:{port}" in err and "cannot listen" in err
 
 
-def _viewer(world: World) -> subprocess.Popen[str]:
-    """``medomni view`` on ``world``'s store in a process of its own, any free port."""
+@pytest.mark.parametrize("after", [0.0, 0.3, 1.0])
+def test_cli_interrupted_while_its_plots_warm_exits_cleanly(world: World, after: float) -> None:
+    """Ctrl-C while the warm-up thread is still drawing (matplotlib, C++ underneath) ends
+    with status 0: a daemon thread stopped inside C++ at exit aborted the process
+    ("terminate called without an active exception", status -6), seen once on CI."""
     code = "import sys; from medomni_cas.cli.main import main; sys.exit(main())"
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-c", code, "view", "--port", "0"],
         cwd=world.root,
         env=dict(os.environ),
@@ -526,14 +529,6 @@ def _viewer(world: World) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-@pytest.mark.parametrize("after", [0.0, 0.3, 1.0])
-def test_cli_interrupted_while_its_plots_warm_exits_cleanly(world: World, after: float) -> None:
-    """Ctrl-C while the warm-up thread is still drawing (matplotlib, C++ underneath) ends
-    with status 0: a daemon thread stopped inside C++ at exit aborted the process
-    ("terminate called without an active exception", status -6), seen once on CI."""
-    proc = _viewer(world)
     try:
         assert proc.stdout is not None
         assert "answer keys hidden" in proc.stdout.readline()
@@ -548,7 +543,15 @@ def test_cli_interrupted_while_its_plots_warm_exits_cleanly(world: World, after:
 def test_cli_serves_until_interrupted(world: World) -> None:
     import urllib.request
 
-    proc = _viewer(world)
+    code = "import sys; from medomni_cas.cli.main import main; sys.exit(main())"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "view", "--port", "0"],
+        cwd=world.root,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
