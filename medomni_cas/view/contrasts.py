@@ -159,27 +159,19 @@ def plot_names(rows: list[dict[str, Any]]) -> list[str]:
 
 def warm(store: Store, cache: PlotCache) -> threading.Thread:
     """Draw the plots of the latest comparisons (``comparisons/`` refs) in a background
-    thread, so that the first page showing them need not wait for matplotlib.
-
-    Not a daemon: one stopped at exit inside matplotlib's C++ aborts the process
-    ("terminate called without an active exception", seen once when a viewer was
-    interrupted). It stops after the plot it is drawing once the main thread has ended,
-    which the interpreter waits for."""
+    thread, so that the first page showing them need not wait for matplotlib."""
 
     def run() -> None:
-        main = threading.main_thread()
         try:
             for _, oid in list(store.refs.items(COMPARISON_REFS))[: cache.size // 2]:
                 rows = rows_of(store, oid)
                 for name in plot_names(rows or []):
-                    if not main.is_alive():
-                        return
                     if not cache.cached(oid, name)[0]:
                         cache.draw(oid, name, rows or [])
         except Exception:  # a warm-up only: the page draws it, or says why
             return
 
-    thread = threading.Thread(target=run, name="medomni-view-plots")
+    thread = threading.Thread(target=run, name="medomni-view-plots", daemon=True)
     thread.start()
     return thread
 
