@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from medomni_cas.store._fast import BatchChecker, Findings
-from medomni_cas.store._reach import ByteRuns, Listing, Reach, Unordered, listed, split
+from medomni_cas.store._reach import ByteRuns, Listing, Reach, Unordered, listed
+from medomni_cas.store._spill import split
 from medomni_cas.store.encoding import encode_object
 from medomni_cas.store.ids import ObjectId, hash_bytes
 

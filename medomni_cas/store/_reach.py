@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from itertools import batched
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -32,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from medomni_cas.store._fast import BatchChecker, Findings
-from medomni_cas.store._spill import MarkSet, spill_bound
+from medomni_cas.store._spill import IDS, MarkSet, positions, spill_bound, split
 from medomni_cas.store.ids import ID_SIZE
 from medomni_cas.store.verify import CORRUPT, MALFORMED
 
@@ -46,8 +47,6 @@ type Ids = npt.NDArray[np.bytes_]  # ids as numpy S32 (sorted, searched; never .
 type Parts = Iterable[tuple[list[bytes], list[bytes | None], list[float]]]
 #: read ids not in the listing: their findings (links with owners)
 type Reader = Callable[[list[bytes]], Findings]
-
-_S32 = np.dtype(f"S{ID_SIZE}")
 
 
 class Unordered(Exception):
@@ -65,11 +64,6 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
         n -= len(got)
         offset += len(got)
     return b"".join(parts)
-
-
-def split(data: bytes) -> list[bytes]:
-    """Ids end to end in ``data`` as a list (each 32 bytes, trailing zeros kept)."""
-    return [data[i : i + ID_SIZE] for i in range(0, len(data), ID_SIZE)]
 
 
 def _rows(ids: list[bytes]) -> Rows:
@@ -106,7 +100,7 @@ class Listing:
         if not keys:
             return
         rows = _rows(keys)
-        ids = rows.view(_S32).ravel()
+        ids = rows.view(IDS).ravel()
         if (self.n and keys[0] <= self._last) or bool(np.any(ids[1:] <= ids[:-1])):
             raise Unordered
         at: dict[bytes, int] = {}
@@ -148,7 +142,7 @@ class Listing:
         self.starts = [0, *np.cumsum(self._per_byte).tolist()]
 
     def keys(self, lo: int, hi: int) -> Ids:
-        return np.frombuffer(_pread(self._fds["keys"], (hi - lo) * ID_SIZE, lo * ID_SIZE), _S32)
+        return np.frombuffer(_pread(self._fds["keys"], (hi - lo) * ID_SIZE, lo * ID_SIZE), IDS)
 
     def stamps(self, lo: int, hi: int) -> npt.NDArray[np.float64]:
         return np.frombuffer(_pread(self._fds["stamps"], (hi - lo) * 8, lo * 8), "<f8")
@@ -167,10 +161,8 @@ class Listing:
         lo, hi = self.starts[byte], self.starts[byte + 1]
         if lo == hi:
             return np.zeros(0, np.int64), ids
-        here = self.keys(lo, hi)
-        at = np.searchsorted(here, ids)
-        listed = at < len(here)
-        listed[listed] = here[at[listed]] == ids[listed]
+        at = positions(self.keys(lo, hi), ids)
+        listed = at >= 0
         return lo + at[listed], ids[~listed]
 
     def close(self) -> None:
@@ -234,7 +226,7 @@ class ByteRuns:
             rows, starts = self._grouped()
             for byte in np.flatnonzero(np.diff(starts)).tolist():
                 part = rows[starts[byte] : starts[byte + 1]]
-                yield byte, np.unique(np.ascontiguousarray(part).view(_S32).ravel())
+                yield byte, np.unique(np.ascontiguousarray(part).view(IDS).ravel())
             return
         if self._mem:
             self._flush()
@@ -243,7 +235,7 @@ class ByteRuns:
         for byte, runs in enumerate(self._runs):
             if runs:
                 data = b"".join(_pread(fd, count * ID_SIZE, offset) for offset, count in runs)
-                yield byte, np.unique(np.frombuffer(data, _S32))
+                yield byte, np.unique(np.frombuffer(data, IDS))
 
     def close(self) -> None:
         self._mem = []
@@ -271,14 +263,8 @@ class Reach:
         """Mark what ``roots`` reach, a level at a time: the level's links found among the
         keys a first byte at a time, then the links of what was new."""
         pending = ByteRuns(self._folder, self.bound)
-        chunk: list[bytes] = []
-        for root in roots:
-            chunk.append(root)
-            if len(chunk) >= self.bound:
-                pending.add(_rows(chunk))
-                chunk = []
-        if chunk:
-            pending.add(_rows(chunk))
+        for chunk in batched(roots, self.bound):
+            pending.add(_rows(list(chunk)))
         while pending:
             level = np.zeros(self.listing.n, np.bool_)
             nxt = ByteRuns(self._folder, self.bound)

@@ -50,13 +50,26 @@ import numpy.typing as npt
 from medomni_cas.store._fast import unseen
 from medomni_cas.store.ids import ID_SIZE
 
-__all__ = ["DEFAULT_BOUND", "IdList", "MarkSet", "Run", "by_first_byte", "scratch", "spill_bound"]
+__all__ = [
+    "DEFAULT_BOUND",
+    "IDS",
+    "IdList",
+    "MarkSet",
+    "Run",
+    "by_first_byte",
+    "positions",
+    "scratch",
+    "spill_bound",
+    "split",
+]
 
 #: Ids held in memory by one set or list before it spills (about 13 MB as a set).
 DEFAULT_BOUND = 1 << 17
 _ENV = "MEDOMNI_SPILL_IDS"
 _FIRST_BYTE = operator.itemgetter(0)
-_IDS = np.dtype(f"S{ID_SIZE}")
+#: ids as numpy bytes (S32): searched and sorted, never given back as values (S drops
+#: trailing zero bytes), only as positions or raw bytes
+IDS = np.dtype(f"S{ID_SIZE}")
 #: a byte's records read whole unless fewer keys than its records / this are asked: each
 #: then by a binary search of reads (about 24 of them), where a read of the whole byte
 #: and numpy's search cost about that much per 2,000 records
@@ -127,7 +140,7 @@ class Run:
 
     def ids(self, byte: int) -> list[bytes]:
         """The records of this first byte, sorted (for a run of ids, its ids)."""
-        return _split(self.raw(byte), self.width)
+        return split(self.raw(byte), self.width)
 
     def raw(self, byte: int) -> bytes:
         """The records of this first byte as they are stored, end to end."""
@@ -144,7 +157,7 @@ class Run:
         if len(keys) * _SCAN < hi - lo:
             return {k: r[ID_SIZE:] for k in keys if (r := self._find(k, lo, hi)) is not None}
         here = _records(self.raw(byte), self.width)
-        at = _positions(here["id"], keys)
+        at = positions(here["id"], _asked(keys))
         hits = np.flatnonzero(at >= 0)
         rest = here["rest"][at[hits]].tolist()
         return dict(zip([keys[i] for i in hits.tolist()], rest, strict=True))
@@ -157,7 +170,7 @@ class Run:
         if len(keys) * _SCAN < hi - lo:  # a few keys: looked up, not the byte read whole
             return {k for k in keys if self._find(k, lo, hi) is not None}
         here = _records(self.raw(byte), self.width)["id"]
-        return set(compress(keys, (_positions(here, keys) >= 0).tolist()))
+        return set(compress(keys, (positions(here, _asked(keys)) >= 0).tolist()))
 
     def _find(self, key: bytes, lo: int, hi: int) -> bytes | None:
         fd, w = self._fd, self.width
@@ -178,7 +191,7 @@ class Run:
         self.path.unlink(missing_ok=True)
 
 
-def _split(data: bytes, width: int = ID_SIZE) -> list[bytes]:
+def split(data: bytes, width: int = ID_SIZE) -> list[bytes]:
     """``data`` cut into records of ``width`` bytes (a whole number of them)."""
     # one C-level unpack of "32s32s...": about 4x a slice per record in Python (struct
     # keeps the compiled formats it was given last)
@@ -194,22 +207,25 @@ def _records(data: bytes, width: int) -> npt.NDArray[np.void]:
     if cut:
         raise OSError(f"a spill file read {len(data)} bytes, not whole {width}-byte records")
     if width == ID_SIZE:
-        kind = np.dtype([("id", _IDS)])
+        kind = np.dtype([("id", IDS)])
     else:
-        kind = np.dtype([("id", _IDS), ("rest", f"V{width - ID_SIZE}")])
+        kind = np.dtype([("id", IDS), ("rest", f"V{width - ID_SIZE}")])
     return np.frombuffer(data, kind, n)
 
 
-def _positions(here: npt.NDArray[np.bytes_], keys: list[bytes]) -> npt.NDArray[np.intp]:
-    """Where each of ``keys`` is in the sorted ids ``here`` (-1: not there), by numpy's
-    binary search: C-level, where a dict of a byte's records cost a Python object each.
-    S32 compares as bytes do for ids of one length (its zero padding is never seen: both
-    sides are 32 bytes, and only positions come back, never S32 values)."""
-    ask = np.frombuffer(b"".join(keys), _IDS)
+def positions(here: npt.NDArray[np.bytes_], ask: npt.NDArray[np.bytes_]) -> npt.NDArray[np.intp]:
+    """Where each of the ids ``ask`` is in the sorted ids ``here`` (-1: not there), by
+    numpy's binary search: C-level, where a dict of a byte's records cost a Python object
+    each. S32 compares as bytes do for ids of one length (its zero padding is never seen:
+    both sides are 32 bytes, and only positions come back, never S32 values)."""
     at = np.searchsorted(here, ask)
     inside = at < len(here)
     inside[inside] = here[at[inside]] == ask[inside]
     return np.where(inside, at, -1)
+
+
+def _asked(keys: list[bytes]) -> npt.NDArray[np.bytes_]:
+    return np.frombuffer(b"".join(keys), IDS)
 
 
 def by_first_byte(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
@@ -459,7 +475,7 @@ class IdList:
                 ids: list[bytes] = []
                 for offset, count in runs:
                     f.seek(offset)
-                    ids += _split(f.read(count * ID_SIZE))
+                    ids += split(f.read(count * ID_SIZE))
                 ids.sort()  # sorted runs end to end: a merge, for Python's sort
                 yield byte, ids
 

@@ -44,8 +44,8 @@ from medomni_cas.errors import IntegrityError, InvalidObject, UnsupportedOperati
 from medomni_cas.store._crash import crash_point
 from medomni_cas.store._fast import BATCH, BatchChecker, Findings
 from medomni_cas.store._fast.pool import HELD_BYTES
-from medomni_cas.store._reach import Reach, Unordered, listed, split
-from medomni_cas.store._spill import scratch
+from medomni_cas.store._reach import Reach, Unordered, listed
+from medomni_cas.store._spill import scratch, split
 from medomni_cas.store.reflog import RefLogEntry
 from medomni_cas.store.verify import CORRUPT, MALFORMED, CheckedWalk, ClosureCheck
 
@@ -113,11 +113,16 @@ def _refuse_bad(store: Store, check: ClosureCheck) -> None:
     """Raise for the first corrupt or malformed object the mark met: its links cannot be
     read, so the mark is incomplete (a missing one is no reason: it has none to follow)."""
     for key, (kind, detail) in check.bad.items():
-        oid = bytes(key).hex()
-        if kind == CORRUPT:
-            raise IntegrityError(oid, detail, store.url)
-        if kind == MALFORMED:
-            raise InvalidObject(f"object {oid}: {detail}")
+        _refuse(store, key, kind, detail)
+
+
+def _refuse(store: Store, key: bytes, kind: str, detail: str) -> None:
+    """Raise for an object the mark met ``kind`` (corrupt or malformed; else nothing)."""
+    oid = bytes(key).hex()
+    if kind == CORRUPT:
+        raise IntegrityError(oid, detail, store.url)
+    if kind == MALFORMED:
+        raise InvalidObject(f"object {oid}: {detail}")
 
 
 def gc(
@@ -189,10 +194,7 @@ def _by_pass(
             reach.walk(_roots(store, start - reflog_retention))
             bad = reach.reached_bad()
             if bad is not None:
-                key, kind, detail = bad
-                if kind == CORRUPT:
-                    raise IntegrityError(key.hex(), detail, store.url)
-                raise InvalidObject(f"object {key.hex()}: {detail}")
+                _refuse(store, *bad)
             return _sweep_listed(store, reach, cutoff, dry_run, progress)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
