@@ -740,12 +740,17 @@ def view(
     ``show_answer_keys``. A host or port it cannot listen on raises `BindError` (a
     ValueError) naming it."""
     from medomni_cas.view import bind, make_app, serve
+    from medomni_cas.view.contrasts import PlotCache, Warming
     from medomni_cas.view.server import allowed_hosts
 
-    app = make_app(
-        store, show_answer_keys=show_answer_keys, hosts=allowed_hosts(host), warm_plots=True
-    )
-    serve(app, bind(host, port), ready=ready)
+    plots = PlotCache()
+    app = make_app(store, show_answer_keys=show_answer_keys, hosts=allowed_hosts(host), plots=plots)
+    sock = bind(host, port)
+    warming = Warming(store, plots)
+    try:
+        serve(app, sock, ready=ready)
+    finally:  # before the caller closes the store, and before the interpreter exits
+        warming.stop()
 
 
 # -- attestations --------------------------------------------------------------------------------

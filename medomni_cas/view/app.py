@@ -29,7 +29,7 @@ from medomni_cas.errors import IntegrityError, InvalidObject, MedomniError, NotF
 from medomni_cas.store.store import Store
 from medomni_cas.view import pages
 from medomni_cas.view.confusion import ConfusionCache
-from medomni_cas.view.contrasts import PlotCache, rows_of, warm
+from medomni_cas.view.contrasts import PlotCache, rows_of
 from medomni_cas.view.html import esc, layout
 from medomni_cas.view.pages import Context, Page, PageError
 from medomni_cas.view.queries import PAGE, clamp
@@ -116,10 +116,11 @@ def make_app(
     *,
     show_answer_keys: bool = False,
     hosts: Sequence[str] = LOOPBACK_HOSTS,
-    warm_plots: bool = False,
+    plots: PlotCache | None = None,
 ) -> Starlette:
     """The viewer over ``store``; requests must name one of ``hosts`` (``"*"``: any).
-    ``warm_plots`` draws the latest comparisons' plots in a background thread at once."""
+    ``plots`` keeps the comparisons' plots once drawn (default: a cache of its own; the
+    viewer's command passes the one it warms, `Warming`)."""
     _web()
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -136,9 +137,7 @@ def make_app(
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok", headers=HEADERS)
 
-    plots = PlotCache()
-    if warm_plots:
-        warm(store, plots)
+    plots = PlotCache() if plots is None else plots
 
     async def plot(request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool

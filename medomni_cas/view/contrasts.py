@@ -24,13 +24,13 @@ __all__ = [
     "COMPARISON_REFS",
     "PLOTS",
     "PlotCache",
+    "Warming",
     "comparison_of_set",
     "contrast_table",
     "plot_names",
     "plots_html",
     "read_comparison",
     "rows_of",
-    "warm",
 ]
 
 COMPARISON_KIND = "medomni.comparison"
@@ -157,23 +157,46 @@ def plot_names(rows: list[dict[str, Any]]) -> list[str]:
     return [name for name, kind in (("forest", "arms"), ("ladder", "ladder")) if kind in kinds]
 
 
-def warm(store: Store, cache: PlotCache) -> threading.Thread:
-    """Draw the plots of the latest comparisons (``comparisons/`` refs) in a background
-    thread, so that the first page showing them need not wait for matplotlib."""
+class Warming:
+    """Drawing the plots of the latest comparisons (``comparisons/`` refs) in a background
+    thread, so that the first page showing them need not wait for matplotlib; `stop` ends
+    it after the plot it is drawing.
 
-    def run() -> None:
+    Whoever serves the viewer stops it before leaving: a thread left running at exit is
+    either waited for without end (an interrupt in the main thread's import can leave the
+    import lock held, and the thread's own import then waits on it), or, as a daemon,
+    stopped inside matplotlib's C++, which aborts the process ("terminate called without
+    an active exception"). Hence a daemon, told to stop and waited for with a bound.
+    """
+
+    def __init__(self, store: Store, cache: PlotCache) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(store, cache), name="medomni-view-plots", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, store: Store, cache: PlotCache) -> None:
         try:
             for _, oid in list(store.refs.items(COMPARISON_REFS))[: cache.size // 2]:
-                rows = rows_of(store, oid)
-                for name in plot_names(rows or []):
+                rows = rows_of(store, oid) or []
+                for name in plot_names(rows):
+                    if self._stop.is_set():
+                        return
                     if not cache.cached(oid, name)[0]:
-                        cache.draw(oid, name, rows or [])
+                        cache.draw(oid, name, rows)
         except Exception:  # a warm-up only: the page draws it, or says why
             return
 
-    thread = threading.Thread(target=run, name="medomni-view-plots", daemon=True)
-    thread.start()
-    return thread
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the warm-up to end (at most ``timeout`` s); whether it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop after the current plot, waiting at most ``timeout`` s; whether it stopped."""
+        self._stop.set()
+        return self.join(timeout)
 
 
 def rows_of(store: Store, oid: ObjectId) -> list[dict[str, Any]] | None:

@@ -61,18 +61,31 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/"
 
 
-def _server(app: Any) -> Any:
+def _server(app: Any, started: Callable[[], object] | None = None) -> Any:
+    """uvicorn's server for ``app``; ``started`` is called once it has started."""
     uvicorn = require("uvicorn", "view", "medomni view")
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    return uvicorn.Server(config)
+
+    base: Any = uvicorn.Server  # imported when a viewer is served (the ``view`` extra)
+
+    class Server(base):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and started is not None:
+                started()
+
+    return Server(config)
 
 
 def serve(app: Any, sock: socket.socket, *, ready: Callable[[str], object] | None = None) -> None:
     """Serve ``app`` on ``sock`` until interrupted (uvicorn handles SIGINT and SIGTERM in
-    the main thread); ``ready`` gets the URL first."""
-    server = _server(app)
-    if ready is not None:
-        ready(url_of(sock))
+    the main thread); ``ready`` gets the URL once it has started.
+
+    Not before: uvicorn's handlers are in place by then, so a Ctrl-C on seeing the URL
+    stops it cleanly rather than raising in whatever the main thread is importing (which
+    can leave the import lock held, and any other thread's import waiting on it)."""
+    url = url_of(sock)
+    server = _server(app, None if ready is None else lambda: ready(url))
     server.run(sockets=[sock])
 
 
