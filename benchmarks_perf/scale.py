@@ -25,7 +25,9 @@ counts where its pages were read); "anon" is the peak of its anonymous pages alo
 largest peak RSS): on a shared machine one run of a second at 1x may take half as long
 again as the next, which moves a slope by more than the target's margin;
 ``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
-of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table.
+of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table,
+and, as "raw reads", the reads resume and verify make (the same keys in the same order,
+objects hashed) by py-lmdb alone: what the medium costs at each size, the ratio below.
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
 """
 
@@ -47,13 +49,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 
 import medomni_cas as mc
 from benchmarks_perf.scale_ops import OPS, run_child
 from medomni_cas.store.backends.lmdb import LMDBBackend
+
+if TYPE_CHECKING:
+    from benchmarks_perf.bench import Runs
 
 # The stores' builders (numpy, pyarrow, the studio) are imported where used: a child that
 # runs one operation imports only what that operation needs, so its memory is the op's.
@@ -210,6 +215,12 @@ def runs_ops(
         "agent": runs.agent.hex(),
         "jobs": [([a.hex() for a in atoms], arm, rep) for atoms, arm, rep in runs.jobs],
     }
+    raw: dict[str, dict[str, Any]] = {}
+    if baseline:  # the reads resume and verify make, in their order, for py-lmdb alone
+        if "resume" in only:
+            raw["resume"] = _resume_reads(store, runs, tmp / f"raw-resume-{f}")
+        if "verify" in only:
+            raw["verify"] = _walk_reads(store, runs.result, tmp / f"raw-verify-{f}")
     store.close()
     os.sync()  # written with durable=False: flushed now, not by the kernel while timing
     closure = total - garbage
@@ -218,6 +229,8 @@ def runs_ops(
         got = measure("resume", spec, tmp, repeat=repeat)
         _expect("resume", got, slots=slots)
         out["resume"] = _m(got, slots)
+        if baseline:
+            out["resume, raw reads"] = _raw_reads(raw["resume"], spec, tmp, repeat, slots)
     if "verify" in only:
         got = measure("verify", spec, tmp, repeat=repeat)
         _expect("verify", got, problems=0)
@@ -227,6 +240,7 @@ def runs_ops(
             got = measure("verify", spec, tmp, env=IN_MEMORY, repeat=repeat)
             _expect("verify", got, problems=0, objects=closure)
             out["verify, in memory"] = _m(got, closure)
+            out["verify, raw reads"] = _raw_reads(raw["verify"], spec, tmp, repeat, closure)
     if "fsck" in only:
         got = measure("fsck", spec, tmp, repeat=repeat)
         _expect("fsck", got, objects=total, problems=0, history=0)
@@ -262,6 +276,65 @@ def runs_ops(
         out["gc"] = _m(got, total)
     shutil.rmtree(path)
     return out
+
+
+def _keys(path: Path, keys: Sequence[bytes]) -> str:
+    path.write_bytes(b"".join(keys))
+    return str(path)
+
+
+def _resume_reads(store: mc.Store, runs: Runs, folder: Path) -> dict[str, Any]:
+    """What resume reads of each job: its slots' refs, then their latest runs' records."""
+    from binascii import hexlify
+
+    from medomni_cas.bench.records import slot_digests
+    from medomni_cas.bench.refnames import SLOT_REFS
+    from medomni_cas.bench.slottables import latest_runs
+
+    folder.mkdir()
+    prefix = SLOT_REFS.encode()
+    sections: list[list[Any]] = []
+    reads = 0
+    for n, (atoms, arm, rep) in enumerate(runs.jobs):
+        slots = slot_digests(atoms, runs.agent, arm, rep)
+        names = [prefix + hexlify(s) for s in slots]
+        lasts = [r for r in latest_runs(store, slots) if r is not None]
+        sections.append(["refs", _keys(folder / f"{n}.refs", names), len(names[0])])
+        sections.append(["objects", _keys(folder / f"{n}.runs", lasts), 32])
+        reads += len(names) + len(lasts)
+    return {"sections": sections, "reads": reads}
+
+
+def _walk_reads(store: mc.Store, root: mc.ObjectId, folder: Path) -> dict[str, Any]:
+    """What a walk from ``root`` reads: its closure, level by level, each level in key
+    order (as the walk's reads are)."""
+    from medomni_cas.store import encoding
+
+    folder.mkdir()
+    sections: list[list[Any]] = []
+    seen = {bytes(root)}
+    level = [bytes(root)]
+    reads = 0
+    while level:
+        level.sort()
+        sections.append(["objects", _keys(folder / f"{len(sections)}", level), 32])
+        reads += len(level)
+        below = []
+        for _, data in store.get_raw_many(map(mc.ObjectId, level)):
+            for link in map(bytes, encoding.links(data)):
+                if link not in seen:
+                    seen.add(link)
+                    below.append(link)
+        level = below
+    return {"sections": sections, "reads": reads}
+
+
+def _raw_reads(
+    raw: dict[str, Any], spec: dict[str, Any], tmp: Path, repeat: int, work: int
+) -> Measure:
+    got = measure("raw", {"store": spec["store"], "sections": raw["sections"]}, tmp, repeat=repeat)
+    _expect("raw", got, reads=raw["reads"], found=raw["reads"])
+    return _m(got, work)
 
 
 def score_op(tmp: Path, sizes: Sizes, f: int, repeat: int = 1) -> Measure:
@@ -386,6 +459,13 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
                 f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], mem, strict=True)
             )
             notes.append(f"{op}: time with the bound / bound lifted, at each size: {ratios}")
+    for op in ("resume", "verify"):
+        raw = results.get(f"{op}, raw reads")
+        if raw and results.get(op):
+            ratios = " / ".join(
+                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], raw, strict=True)
+            )
+            notes.append(f"{op}: time / the same reads by py-lmdb alone, at each size: {ratios}")
     return "\n".join([table, *notes])
 
 
@@ -408,7 +488,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--baseline",
         action="store_true",
-        help="also run verify and fsck with the spill bound lifted (all in memory)",
+        help="also run verify and fsck with the spill bound lifted (all in memory), and "
+        "the reads of resume and verify by py-lmdb alone",
     )
     parser.add_argument(
         "--repeat",
@@ -446,6 +527,8 @@ def main(argv: Sequence[str]) -> int:
             results[op] = []
             if args.baseline and op in ("verify", "fsck"):
                 results[f"{op}, in memory"] = []
+            if args.baseline and op in ("resume", "verify"):
+                results[f"{op}, raw reads"] = []
     with tempfile.TemporaryDirectory(prefix="medomni-scale-", dir="/tmp") as d:
         tmp = Path(d)
         if "build" in only:

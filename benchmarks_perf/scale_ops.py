@@ -24,7 +24,7 @@ import medomni_cas as mc
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.ids import ObjectId
 
-__all__ = ["OPS", "run_child"]
+__all__ = ["OPS", "RAW", "run_child"]
 
 Spec = dict[str, Any]
 
@@ -145,6 +145,45 @@ def _pull(spec: Spec) -> Callable[[], dict[str, int]]:
     return op
 
 
+def _raw(spec: Spec) -> Callable[[], dict[str, int]]:
+    """The reads an operation makes, by py-lmdb alone: each of ``spec["sections"]`` (a
+    table, ``objects`` or ``refs``, and a file of its keys, each ``width`` bytes, in the
+    order the operation reads them) in one read transaction; an object's bytes are hashed
+    as the store checks them. What the medium costs, against which the op's time is put."""
+    import blake3
+
+    from medomni_cas.store.backends.lmdb import _HDR, _INLINE
+
+    backend = LMDBBackend(Path(spec["store"]), durable=False)
+    tables = {"objects": backend._objects, "refs": backend._refs}
+    sections = []
+    for table, keys, width in spec["sections"]:
+        data = Path(keys).read_bytes()
+        sections.append((table, [data[i : i + width] for i in range(0, len(data), width)]))
+    cut = _HDR.size
+
+    def op() -> dict[str, int]:
+        reads = found = 0
+        for table, keys in sections:
+            with backend.env.begin(db=tables[table], buffers=False) as txn:
+                values = list(map(txn.get, keys))
+            reads += len(keys)
+            if table == "objects":
+                for key, value in zip(keys, values, strict=True):
+                    if value is None:
+                        continue
+                    # a large object's value marks its file, read as the store reads it
+                    data = value[cut:] if value[0] == _INLINE else backend._value(key, value)
+                    if data is not None:
+                        blake3.blake3(data).digest()
+                        found += 1
+            else:
+                found += sum(v is not None for v in values)
+        return {"reads": reads, "found": found}
+
+    return op
+
+
 #: op name -> what opens its stores (untimed) and returns the timed call
 OPS: dict[str, Callable[[Spec], Callable[[], dict[str, int]]]] = {
     "build": _build,
@@ -156,6 +195,8 @@ OPS: dict[str, Callable[[Spec], Callable[[], dict[str, int]]]] = {
     "push": _push,
     "pull": _pull,
 }
+#: a baseline, not an operation (``--baseline``): no ``--only`` of its own
+RAW = _raw
 
 
 def run_child(op: str, spec_path: str) -> int:
@@ -165,7 +206,7 @@ def run_child(op: str, spec_path: str) -> int:
 
         for name in spec["modules"]:  # the kinds the stores hold
             importlib.import_module(name)
-    call = OPS[op](spec)
+    call = RAW(spec) if op == "raw" else OPS[op](spec)
     t = time.perf_counter()
     did = call()
     seconds = time.perf_counter() - t

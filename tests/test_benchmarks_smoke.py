@@ -53,3 +53,13 @@ def test_scale_benchmark_quick_prints_a_table() -> None:
     rows = quick_rows("scale", timeout=600)
     for op in ("build", "resume", "score", "verify", "fsck", "gc", "push", "pull"):
         assert any(row.startswith(f"| {op} (") for row in rows), f"no row for {op!r}"
+
+
+def test_scale_benchmark_baselines_read_what_the_operations_read() -> None:
+    """``--baseline``: verify and fsck in memory, and the reads of resume and verify by
+    py-lmdb alone (the child checks it read as many keys, all found, as the parent listed)."""
+    rows = quick_rows(
+        "scale", "--baseline", "--only", "resume", "--only", "verify", "--only", "fsck"
+    )
+    for name in ("resume, raw reads", "verify, in memory", "verify, raw reads", "fsck, in memory"):
+        assert any(row.startswith(f"| {name} (") for row in rows), f"no row for {name!r}"
