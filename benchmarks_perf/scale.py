@@ -26,8 +26,11 @@ largest peak RSS): on a shared machine one run of a second at 1x may take half a
 again as the next, which moves a slope by more than the target's margin;
 ``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
 of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table,
-and, as "raw reads", the reads resume and verify make (the same keys in the same order,
-objects hashed) by py-lmdb alone: what the medium costs at each size, the ratio below.
+as "raw reads", the reads resume and verify make (the same keys in the same order,
+objects hashed) by py-lmdb alone: what the medium costs at each size, the ratio below;
+and, as "pages kept", verify with the mapped-page budget lifted (every LMDB page read stays
+mapped, `medomni_cas.store._mapped`): what bounding its RSS costs, the ratio below (resume
+keeps its pages: it has no RSS target).
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
 """
 
@@ -72,6 +75,9 @@ MAX_SLOPE = 1.05
 MAX_RSS_RATIO = 2.0
 #: the environment of a baseline run: the spill bound lifted, every set and level in memory
 IN_MEMORY = {"MEDOMNI_SPILL_IDS": str(1 << 40)}
+#: the environment of a baseline run: every LMDB page read stays mapped (no page dropped, so
+#: none faulted in again; the RSS grows with the store)
+PAGES_KEPT = {"MEDOMNI_MAPPED_BYTES": str(1 << 40)}
 
 
 @dataclass(frozen=True)
@@ -241,6 +247,9 @@ def runs_ops(
             _expect("verify", got, problems=0, objects=closure)
             out["verify, in memory"] = _m(got, closure)
             out["verify, raw reads"] = _raw_reads(raw["verify"], spec, tmp, repeat, closure)
+            got = measure("verify", spec, tmp, env=PAGES_KEPT, repeat=repeat)
+            _expect("verify", got, problems=0, objects=closure)
+            out["verify, pages kept"] = _m(got, closure)
     if "fsck" in only:
         got = measure("fsck", spec, tmp, repeat=repeat)
         _expect("fsck", got, objects=total, problems=0, history=0)
@@ -466,6 +475,12 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
                 f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], raw, strict=True)
             )
             notes.append(f"{op}: time / the same reads by py-lmdb alone, at each size: {ratios}")
+        kept = results.get(f"{op}, pages kept")
+        if kept and results.get(op):
+            ratios = " / ".join(
+                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], kept, strict=True)
+            )
+            notes.append(f"{op}: time with the page budget / pages kept, at each size: {ratios}")
     return "\n".join([table, *notes])
 
 
@@ -488,8 +503,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--baseline",
         action="store_true",
-        help="also run verify and fsck with the spill bound lifted (all in memory), and "
-        "the reads of resume and verify by py-lmdb alone",
+        help="also run verify and fsck with the spill bound lifted (all in memory), verify "
+        "with every page read kept mapped, and the reads of resume and verify by py-lmdb alone",
     )
     parser.add_argument(
         "--repeat",
@@ -529,6 +544,8 @@ def main(argv: Sequence[str]) -> int:
                 results[f"{op}, in memory"] = []
             if args.baseline and op in ("resume", "verify"):
                 results[f"{op}, raw reads"] = []
+            if args.baseline and op == "verify":
+                results[f"{op}, pages kept"] = []
     with tempfile.TemporaryDirectory(prefix="medomni-scale-", dir="/tmp") as d:
         tmp = Path(d)
         if "build" in only:

@@ -56,10 +56,17 @@ def test_scale_benchmark_quick_prints_a_table() -> None:
 
 
 def test_scale_benchmark_baselines_read_what_the_operations_read() -> None:
-    """``--baseline``: verify and fsck in memory, and the reads of resume and verify by
-    py-lmdb alone (the child checks it read as many keys, all found, as the parent listed)."""
+    """``--baseline``: verify and fsck in memory, verify with every page kept mapped, and
+    the reads of resume and verify by py-lmdb alone (the child checks it read as many keys,
+    all found, as the parent listed)."""
     rows = quick_rows(
         "scale", "--baseline", "--only", "resume", "--only", "verify", "--only", "fsck"
     )
-    for name in ("resume, raw reads", "verify, in memory", "verify, raw reads", "fsck, in memory"):
+    for name in (
+        "resume, raw reads",
+        "verify, in memory",
+        "verify, raw reads",
+        "verify, pages kept",
+        "fsck, in memory",
+    ):
         assert any(row.startswith(f"| {name} (") for row in rows), f"no row for {name!r}"
