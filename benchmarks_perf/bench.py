@@ -68,7 +68,8 @@ from medomni_cas.bench.records import (
     slot_digests,
     slot_ids,
 )
-from medomni_cas.bench.refnames import SLOT_REFS, slot_ref
+from medomni_cas.bench.refnames import SLOT_REFS, chunk_ref, slot_ref
+from medomni_cas.bench.slottables import chunk_ids, chunk_table
 from medomni_cas.store import encoding
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.blobs import blob_object
@@ -128,13 +129,31 @@ class Runs:
     objects: int  # objects written
 
 
+def _record_chunks(
+    store: mc.Store, slots: Sequence[ObjectId], runs: Sequence[ObjectId], now: float
+) -> None:
+    """Each chunk's table of its slots' runs, and its ref with a valid history entry."""
+    chunks = chunk_ids([bytes(s) for s in slots])
+    entries: dict[bytes, dict[bytes, ObjectId]] = {}
+    for chunk, slot, rid in zip(chunks, slots, runs, strict=True):
+        entries.setdefault(chunk, {})[bytes(slot)] = rid
+    tables = store.put_many(chunk_table(e) for e in entries.values())
+    for chunk, tid in zip(entries, tables, strict=True):
+        name = chunk_ref(chunk)
+        entry = chained(name, RefLogEntry(old=None, new=bytes(tid), time=now))
+        if not store.backend.ref_update(name, None, tid, entry):
+            raise RuntimeError(f"chunk {chunk.hex()} written twice")
+
+
 def _standin(store: mc.Store, what: str) -> ObjectId:
     return store.put_object("bench.standin", 1, {"what": what})
 
 
-def build_runs(path: Path, sizes: Sizes) -> Runs:
+def build_runs(path: Path, sizes: Sizes, *, chunks: bool = False) -> Runs:
     """arms x reps jobs over atoms_per_arm atoms each: a run per slot with two prediction
-    records and an answer blob, the slot refs, a job record per job and one result."""
+    records and an answer blob, the slot refs, a job record per job and one result. With
+    ``chunks``, the runs are recorded as the harness records them now, in chunk tables
+    (`medomni_cas.bench.slottables`: a table and a ref per 16 slots), not a ref per slot."""
     store = _open(path)
     before = sum(1 for _ in store.backend.iter_keys())
     agent_cfg = AgentConfig(
@@ -219,12 +238,15 @@ def build_runs(path: Path, sizes: Sizes) -> Runs:
             ]
             run_ids = store.put_many(runs)
             now = time.time()
-            for slot, rid in zip(slots, run_ids, strict=True):
-                # with a valid history entry, as `Refs` writes it (fsck and gc read it)
-                name = slot_ref(slot)
-                entry = chained(name, RefLogEntry(old=None, new=bytes(rid), time=now))
-                if not store.backend.ref_update(name, None, rid, entry):
-                    raise RuntimeError(f"slot {slot} written twice")
+            if chunks:
+                _record_chunks(store, slots, run_ids, now)
+            else:
+                for slot, rid in zip(slots, run_ids, strict=True):
+                    # with a valid history entry, as `Refs` writes it (fsck and gc read it)
+                    name = slot_ref(slot)
+                    entry = chained(name, RefLogEntry(old=None, new=bytes(rid), time=now))
+                    if not store.backend.ref_update(name, None, rid, entry):
+                        raise RuntimeError(f"slot {slot} written twice")
             pt = store.put(
                 PredictionColumns(rows=2 * len(runs), columns=put_columns(store, _columns(runs)))
             )

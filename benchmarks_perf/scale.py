@@ -5,7 +5,8 @@ Each operation runs at 1x, 4x and 16x the work, in a fresh process of its own
 
 * build: `build_pair` of the example CKD template (3 arms + 6 ladder rungs) on a cohort of
   N patients, into a fresh store;
-* resume: `harness.resume` of every job's slots (2 arms x 2 repetitions);
+* resume: `harness.resume` of every job's slots (2 arms x 2 repetitions), their runs recorded
+  in chunk tables, as the harness records them;
 * score: `score_jobs` (``n_boot=0``, answer columns already kept) over N rows;
 * verify: `verify_result` of the result over those runs (``--jobs 1``), N objects;
 * fsck: `fsck` of the whole store (``-j 1``), N objects, a tenth unreachable;
@@ -194,6 +195,7 @@ def runs_ops(
             python_jobs=0,
             repeats=1,
         ),
+        chunks=True,  # as the harness records runs now
     )
     store = runs.store
     store.refs.set(REF, runs.result)
@@ -293,24 +295,35 @@ def _keys(path: Path, keys: Sequence[bytes]) -> str:
 
 
 def _resume_reads(store: mc.Store, runs: Runs, folder: Path) -> dict[str, Any]:
-    """What resume reads of each job: its slots' refs, then their latest runs' records."""
+    """What resume reads of each job: its slots' refs (where the store has any), its
+    chunks' refs and tables, then its slots' latest runs' records."""
     from binascii import hexlify
 
     from medomni_cas.bench.records import slot_digests
-    from medomni_cas.bench.refnames import SLOT_REFS
-    from medomni_cas.bench.slottables import latest_runs
+    from medomni_cas.bench.refnames import CHUNK_REFS, SLOT_REFS
+    from medomni_cas.bench.slottables import chunk_ids, latest_runs
 
     folder.mkdir()
-    prefix = SLOT_REFS.encode()
+    slot_refs = next(store.refs.items(SLOT_REFS), None) is not None
     sections: list[list[Any]] = []
     reads = 0
+
+    def section(table: str, name: str, keys: list[bytes]) -> None:
+        nonlocal reads
+        if keys:
+            sections.append([table, _keys(folder / name, keys), len(keys[0])])
+            reads += len(keys)
+
     for n, (atoms, arm, rep) in enumerate(runs.jobs):
         slots = slot_digests(atoms, runs.agent, arm, rep)
-        names = [prefix + hexlify(s) for s in slots]
-        lasts = [r for r in latest_runs(store, slots) if r is not None]
-        sections.append(["refs", _keys(folder / f"{n}.refs", names), len(names[0])])
-        sections.append(["objects", _keys(folder / f"{n}.runs", lasts), 32])
-        reads += len(names) + len(lasts)
+        if slot_refs:
+            section("refs", f"{n}.slots", [SLOT_REFS.encode() + hexlify(s) for s in slots])
+        chunks = list(dict.fromkeys(chunk_ids(slots)))
+        tables = store.refs.get_many_by_id(CHUNK_REFS, chunks)
+        named = [CHUNK_REFS.encode() + hexlify(c) for c, t in zip(chunks, tables, strict=True) if t]
+        section("refs", f"{n}.chunks", named)
+        section("objects", f"{n}.tables", [bytes(t) for t in dict.fromkeys(tables) if t])
+        section("objects", f"{n}.runs", [r for r in latest_runs(store, slots) if r is not None])
     return {"sections": sections, "reads": reads}
 
 

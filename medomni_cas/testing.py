@@ -566,6 +566,14 @@ class BackendTests:
         assert got[0] == counter_key(100) and got[1] is None and got[3] == counter_key(101)
         assert backend.ref_get_prefixed("runs/slots/", []) == []
         assert backend.ref_get_prefixed("nothing/", ids[:2]) == [None, None]
+        # no ref under the prefix, whatever sorts beside it: after every name, or next to
+        # names that start with all of it but its last character
+        assert backend.ref_get_prefixed("zzz/", ids[:2]) == [None, None]
+        assert backend.ref_get_prefixed("runs/slot/", ids[:2]) == [None, None]
+        backend.ref_update("lone/" + ids[2].hex(), None, counter_key(2), b"")
+        assert backend.ref_get_prefixed("lone/", ids[1:3]) == [None, counter_key(2)]
+        backend.ref_update("lone/" + ids[2].hex(), counter_key(2), None, b"")
+        assert backend.ref_get_prefixed("lone/", ids[1:3]) == [None, None]
 
     def test_refs_and_objects_are_separate(self, backend: Backend) -> None:
         a = key(b"a")

@@ -83,7 +83,9 @@ def _enc_hook(obj: Any) -> Any:
 
 def _ext_hook(code: int, data: memoryview) -> Any:
     if code == LINK_EXT and len(data) == ID_SIZE:
-        return ObjectId(bytes(data))
+        # its length is checked here: bytes.__new__ skips ObjectId's own check, a Python
+        # call per link of every object decoded
+        return bytes.__new__(ObjectId, data)
     raise InvalidObject(f"unknown msgpack extension type {code} (length {len(data)})")
 
 

@@ -571,8 +571,14 @@ class LMDBBackend(Backend):
         # docstring inherited
         # the keys made as bytes from the ids (no str names to make and encode); one read
         # transaction, values as bytes (see ref_get_many)
-        keys = list(map(prefix.encode().__add__, map(hexlify, ids)))
+        start = prefix.encode()
+        keys = list(map(start.__add__, map(hexlify, ids)))
         with self._read(self._refs, buffers=False) as txn:
+            # no ref under the prefix (a store whose runs are recorded in chunk tables has
+            # no slot refs): one seek answers, not a B-tree descent per id
+            cur = txn.cursor(self._refs)
+            if not cur.set_range(start) or not cur.key().startswith(start):
+                return [None] * len(keys)
             get: Callable[[bytes], bytes | None] = txn.get  # the overload map can take
             return list(map(get, keys))
 
