@@ -31,7 +31,8 @@ as "raw reads", the reads resume and verify make (the same keys in the same orde
 objects hashed) by py-lmdb alone: what the medium costs at each size, the ratio below;
 and, as "pages kept", verify with the mapped-page budget lifted (every LMDB page read stays
 mapped, `medomni_cas.store._mapped`): what bounding its RSS costs, the ratio below (resume
-keeps its pages: it has no RSS target).
+keeps its pages: it has no RSS target); "raw reads, pages dropped" are verify's raw reads
+under the same budget as verify: the medium's cost under that bound.
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
 """
 
@@ -249,6 +250,9 @@ def runs_ops(
             _expect("verify", got, problems=0, objects=closure)
             out["verify, in memory"] = _m(got, closure)
             out["verify, raw reads"] = _raw_reads(raw["verify"], spec, tmp, repeat, closure)
+            out["verify, raw reads, pages dropped"] = _raw_reads(
+                raw["verify"], spec, tmp, repeat, closure, dropped=True
+            )
             got = measure("verify", spec, tmp, env=PAGES_KEPT, repeat=repeat)
             _expect("verify", got, problems=0, objects=closure)
             out["verify, pages kept"] = _m(got, closure)
@@ -352,9 +356,16 @@ def _walk_reads(store: mc.Store, root: mc.ObjectId, folder: Path) -> dict[str, A
 
 
 def _raw_reads(
-    raw: dict[str, Any], spec: dict[str, Any], tmp: Path, repeat: int, work: int
+    raw: dict[str, Any],
+    spec: dict[str, Any],
+    tmp: Path,
+    repeat: int,
+    work: int,
+    *,
+    dropped: bool = False,
 ) -> Measure:
-    got = measure("raw", {"store": spec["store"], "sections": raw["sections"]}, tmp, repeat=repeat)
+    child = {"store": spec["store"], "sections": raw["sections"], "dropped": dropped}
+    got = measure("raw", child, tmp, repeat=repeat)
     _expect("raw", got, reads=raw["reads"], found=raw["reads"])
     return _m(got, work)
 
@@ -488,6 +499,12 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
                 f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], raw, strict=True)
             )
             notes.append(f"{op}: time / the same reads by py-lmdb alone, at each size: {ratios}")
+        dropped = results.get(f"{op}, raw reads, pages dropped")
+        if dropped and raw:
+            ratios = " / ".join(
+                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(dropped, raw, strict=True)
+            )
+            notes.append(f"{op}: raw reads with the page budget / without, at each size: {ratios}")
         kept = results.get(f"{op}, pages kept")
         if kept and results.get(op):
             ratios = " / ".join(
@@ -558,6 +575,7 @@ def main(argv: Sequence[str]) -> int:
             if args.baseline and op in ("resume", "verify"):
                 results[f"{op}, raw reads"] = []
             if args.baseline and op == "verify":
+                results[f"{op}, raw reads, pages dropped"] = []
                 results[f"{op}, pages kept"] = []
     with tempfile.TemporaryDirectory(prefix="medomni-scale-", dir="/tmp") as d:
         tmp = Path(d)

@@ -149,9 +149,13 @@ def _raw(spec: Spec) -> Callable[[], dict[str, int]]:
     """The reads an operation makes, by py-lmdb alone: each of ``spec["sections"]`` (a
     table, ``objects`` or ``refs``, and a file of its keys, each ``width`` bytes, in the
     order the operation reads them) in one read transaction; an object's bytes are hashed
-    as the store checks them. What the medium costs, against which the op's time is put."""
+    as the store checks them. What the medium costs, against which the op's time is put.
+    With ``spec["dropped"]``, the mapped pages are looked at every 256 reads and dropped
+    past the budget, as the store's reads do (`medomni_cas.store._mapped.each`): what the
+    medium costs under verify's RSS bound."""
     import blake3
 
+    from medomni_cas.store import _mapped
     from medomni_cas.store.backends.lmdb import _HDR, _INLINE
 
     backend = LMDBBackend(Path(spec["store"]), durable=False)
@@ -161,12 +165,13 @@ def _raw(spec: Spec) -> Callable[[], dict[str, int]]:
         data = Path(keys).read_bytes()
         sections.append((table, [data[i : i + width] for i in range(0, len(data), width)]))
     cut = _HDR.size
+    dropped = bool(spec.get("dropped"))
 
     def op() -> dict[str, int]:
         reads = found = 0
         for table, keys in sections:
             with backend.env.begin(db=tables[table], buffers=False) as txn:
-                values = list(map(txn.get, keys))
+                values = _mapped.each(txn.get, keys) if dropped else list(map(txn.get, keys))
             reads += len(keys)
             if table == "objects":
                 for key, value in zip(keys, values, strict=True):

@@ -66,6 +66,7 @@ def test_scale_benchmark_baselines_read_what_the_operations_read() -> None:
         "resume, raw reads",
         "verify, in memory",
         "verify, raw reads",
+        "verify, raw reads, pages dropped",
         "verify, pages kept",
         "fsck, in memory",
     ):
