@@ -139,10 +139,15 @@ def _record_chunks(
         entries.setdefault(chunk, {})[bytes(slot)] = rid
     tables = store.put_many(chunk_table(e) for e in entries.values())
     for chunk, tid in zip(entries, tables, strict=True):
-        name = chunk_ref(chunk)
-        entry = chained(name, RefLogEntry(old=None, new=bytes(tid), time=now))
-        if not store.backend.ref_update(name, None, tid, entry):
-            raise RuntimeError(f"chunk {chunk.hex()} written twice")
+        _new_ref(store, chunk_ref(chunk), tid, now)
+
+
+def _new_ref(store: mc.Store, name: str, target: ObjectId, now: float) -> None:
+    """Create ref ``name`` with a valid history entry, as `Refs` writes it (fsck and gc read
+    it), straight through the backend (a bench writes many)."""
+    entry = chained(name, RefLogEntry(old=None, new=bytes(target), time=now))
+    if not store.backend.ref_update(name, None, target, entry):
+        raise RuntimeError(f"{name} written twice")
 
 
 def _standin(store: mc.Store, what: str) -> ObjectId:
@@ -242,11 +247,7 @@ def build_runs(path: Path, sizes: Sizes, *, chunks: bool = False) -> Runs:
                 _record_chunks(store, slots, run_ids, now)
             else:
                 for slot, rid in zip(slots, run_ids, strict=True):
-                    # with a valid history entry, as `Refs` writes it (fsck and gc read it)
-                    name = slot_ref(slot)
-                    entry = chained(name, RefLogEntry(old=None, new=bytes(rid), time=now))
-                    if not store.backend.ref_update(name, None, rid, entry):
-                        raise RuntimeError(f"slot {slot} written twice")
+                    _new_ref(store, slot_ref(slot), rid, now)
             pt = store.put(
                 PredictionColumns(rows=2 * len(runs), columns=put_columns(store, _columns(runs)))
             )

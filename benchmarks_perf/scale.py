@@ -301,10 +301,8 @@ def _keys(path: Path, keys: Sequence[bytes]) -> str:
 def _resume_reads(store: mc.Store, runs: Runs, folder: Path) -> dict[str, Any]:
     """What resume reads of each job: its slots' refs (where the store has any), its
     chunks' refs and tables, then its slots' latest runs' records."""
-    from binascii import hexlify
-
     from medomni_cas.bench.records import slot_digests
-    from medomni_cas.bench.refnames import CHUNK_REFS, SLOT_REFS
+    from medomni_cas.bench.refnames import CHUNK_REFS, SLOT_REFS, chunk_ref, slot_ref
     from medomni_cas.bench.slottables import chunk_ids, latest_runs
 
     folder.mkdir()
@@ -321,10 +319,10 @@ def _resume_reads(store: mc.Store, runs: Runs, folder: Path) -> dict[str, Any]:
     for n, (atoms, arm, rep) in enumerate(runs.jobs):
         slots = slot_digests(atoms, runs.agent, arm, rep)
         if slot_refs:
-            section("refs", f"{n}.slots", [SLOT_REFS.encode() + hexlify(s) for s in slots])
+            section("refs", f"{n}.slots", [slot_ref(s).encode() for s in slots])
         chunks = list(dict.fromkeys(chunk_ids(slots)))
         tables = store.refs.get_many_by_id(CHUNK_REFS, chunks)
-        named = [CHUNK_REFS.encode() + hexlify(c) for c, t in zip(chunks, tables, strict=True) if t]
+        named = [chunk_ref(c).encode() for c, t in zip(chunks, tables, strict=True) if t]
         section("refs", f"{n}.chunks", named)
         section("objects", f"{n}.tables", [bytes(t) for t in dict.fromkeys(tables) if t])
         section("objects", f"{n}.runs", [r for r in latest_runs(store, slots) if r is not None])
@@ -485,32 +483,20 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     table = "\n".join([line(head), sep, *(line(b) for b in body)])
     notes = []
-    for op in BOUNDED:
-        mem = results.get(f"{op}, in memory")
-        if mem and results.get(op):
-            ratios = " / ".join(
-                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], mem, strict=True)
-            )
-            notes.append(f"{op}: time with the bound / bound lifted, at each size: {ratios}")
+    # (the rows divided, their names, what the ratio says) for each pair of rows run
+    pairs = [(op, f"{op}, in memory", "time with the bound / bound lifted") for op in BOUNDED]
     for op in ("resume", "verify"):
-        raw = results.get(f"{op}, raw reads")
-        if raw and results.get(op):
-            ratios = " / ".join(
-                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], raw, strict=True)
-            )
-            notes.append(f"{op}: time / the same reads by py-lmdb alone, at each size: {ratios}")
-        dropped = results.get(f"{op}, raw reads, pages dropped")
-        if dropped and raw:
-            ratios = " / ".join(
-                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(dropped, raw, strict=True)
-            )
-            notes.append(f"{op}: raw reads with the page budget / without, at each size: {ratios}")
-        kept = results.get(f"{op}, pages kept")
-        if kept and results.get(op):
-            ratios = " / ".join(
-                f"{p.seconds / q.seconds:.2f}x" for p, q in zip(results[op], kept, strict=True)
-            )
-            notes.append(f"{op}: time with the page budget / pages kept, at each size: {ratios}")
+        raw, dropped = f"{op}, raw reads", f"{op}, raw reads, pages dropped"
+        pairs += [
+            (op, raw, "time / the same reads by py-lmdb alone"),
+            (dropped, raw, "raw reads with the page budget / without"),
+            (op, f"{op}, pages kept", "time with the page budget / pages kept"),
+        ]
+    for top, bottom, what in pairs:
+        a, b = results.get(top), results.get(bottom)
+        if a and b:
+            ratios = " / ".join(f"{p.seconds / q.seconds:.2f}x" for p, q in zip(a, b, strict=True))
+            notes.append(f"{top.split(',')[0]}: {what}, at each size: {ratios}")
     return "\n".join([table, *notes])
 
 
