@@ -130,14 +130,23 @@ class Runs:
 
 
 def _record_chunks(
-    store: mc.Store, slots: Sequence[ObjectId], runs: Sequence[ObjectId], now: float
+    store: mc.Store,
+    slots: Sequence[ObjectId],
+    runs: Sequence[ObjectId],
+    records: Sequence[RunRecord],
+    now: float,
 ) -> None:
-    """Each chunk's table of its slots' runs, and its ref with a valid history entry."""
+    """Each chunk's table of its slots' runs with their states, as the harness writes it,
+    and its ref with a valid history entry."""
     chunks = chunk_ids([bytes(s) for s in slots])
     entries: dict[bytes, dict[bytes, ObjectId]] = {}
     for chunk, slot, rid in zip(chunks, slots, runs, strict=True):
         entries.setdefault(chunk, {})[bytes(slot)] = rid
-    tables = store.put_many(chunk_table(e) for e in entries.values())
+    states = {
+        rid: (r.outcome, r.attempt, r.agent_block.meets_arm)
+        for rid, r in zip(runs, records, strict=True)
+    }
+    tables = store.put_many(chunk_table(e, states) for e in entries.values())
     for chunk, tid in zip(entries, tables, strict=True):
         _new_ref(store, chunk_ref(chunk), tid, now)
 
@@ -244,7 +253,7 @@ def build_runs(path: Path, sizes: Sizes, *, chunks: bool = False) -> Runs:
             run_ids = store.put_many(runs)
             now = time.time()
             if chunks:
-                _record_chunks(store, slots, run_ids, now)
+                _record_chunks(store, slots, run_ids, runs, now)
             else:
                 for slot, rid in zip(slots, run_ids, strict=True):
                     _new_ref(store, slot_ref(slot), rid, now)

@@ -300,10 +300,11 @@ def _keys(path: Path, keys: Sequence[bytes]) -> str:
 
 def _resume_reads(store: mc.Store, runs: Runs, folder: Path) -> dict[str, Any]:
     """What resume reads of each job: its slots' refs (where the store has any), its
-    chunks' refs and tables, then its slots' latest runs' records."""
+    chunks' refs and tables, then the records of its slots' latest runs whose tables hold
+    no state."""
     from medomni_cas.bench.records import slot_digests
     from medomni_cas.bench.refnames import CHUNK_REFS, SLOT_REFS, chunk_ref, slot_ref
-    from medomni_cas.bench.slottables import chunk_ids, latest_runs
+    from medomni_cas.bench.slottables import chunk_ids, latest_states
 
     folder.mkdir()
     slot_refs = next(store.refs.items(SLOT_REFS), None) is not None
@@ -325,7 +326,8 @@ def _resume_reads(store: mc.Store, runs: Runs, folder: Path) -> dict[str, Any]:
         named = [chunk_ref(c).encode() for c, t in zip(chunks, tables, strict=True) if t]
         section("refs", f"{n}.chunks", named)
         section("objects", f"{n}.tables", [bytes(t) for t in dict.fromkeys(tables) if t])
-        section("objects", f"{n}.runs", [r for r in latest_runs(store, slots) if r is not None])
+        lasts, known = latest_states(store, slots)
+        section("objects", f"{n}.runs", [r for r in lasts if r is not None and r not in known])
     return {"sections": sections, "reads": reads}
 
 

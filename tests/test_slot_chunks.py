@@ -25,7 +25,7 @@ from medomni_cas.bench.harness import RunReport, resume, run_set
 from medomni_cas.bench.harness.checks import check_built
 from medomni_cas.bench.harness.chunkclaims import JobClaims
 from medomni_cas.bench.harness.claims import Lease
-from medomni_cas.bench.records import RunRecord, slot_digests
+from medomni_cas.bench.records import AgentBlock, RunRecord, slot_digests
 from medomni_cas.bench.refnames import CHUNK_REFS, chunk_ref, slot_ref
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec
 from medomni_cas.bench.slottables import (
@@ -34,8 +34,11 @@ from medomni_cas.bench.slottables import (
     chunk_ids,
     chunk_table,
     latest_runs,
+    latest_states,
+    read_chunks,
     slot_runs,
 )
+from medomni_cas.errors import MedomniError
 from medomni_cas.store._crash import CRASH_ENV
 from medomni_cas.store.ids import ObjectId
 from medomni_cas.store.verify import fsck
@@ -74,6 +77,21 @@ class InstantRunner(Runner):
                 logs={"stdout.txt": b"", "stderr.txt": spec.slot.hex().encode()},
                 environment="local",
             )
+
+
+class FailingFirst(InstantRunner):
+    """The same, serving the config's model (so that answers count), but the first slot it
+    runs ends in an infrastructure error and the second in a time-out (the agent's own
+    outcome: final)."""
+
+    name: ClassVar[str] = "failing-first"
+
+    def run(self, job: Job) -> Iterator[Trial]:
+        for n, trial in enumerate(super().run(job)):
+            trial.served_model = job.agent.served_model
+            if n < 2:
+                trial.outcome, trial.answer = ("infra-error", "timeout")[n], None
+            yield trial
 
 
 class InstantBatch(InstantRunner):
@@ -118,6 +136,31 @@ def _job_slots(store: mc.Store, built: Path) -> tuple[list[bytes], list[ObjectId
     return slot_digests(atoms, agent_id, ARM, 1), atoms
 
 
+def _record(slot: bytes, outcome: str = "answered") -> RunRecord:
+    """A run record of ``slot`` (the protocol's tests need its state, not a real run)."""
+    one = ObjectId(bytes(32))
+    return RunRecord(
+        run_id=f"{slot.hex()}-1",
+        slot=slot.hex(),
+        attempt=1,
+        intelligence="agent",
+        agent_config=one,
+        task_set=one,
+        atom=one,
+        pair="p@n20",
+        task_version="1.0",
+        config=one,
+        repetition=1,
+        runner="instant",
+        outcome=outcome,  # type: ignore[arg-type]
+        served_model="none",
+        started="2026-12-05T00:00:00.000+00:00",
+        finished="2026-12-05T00:00:00.000+00:00",
+        elapsed_ms=0,
+        agent_block=AgentBlock(arm=ARM, encoders="none"),
+    )
+
+
 def _stored_runs(store: mc.Store) -> list[RunRecord]:
     return [store.get(o, RunRecord) for o in store.iter_ids() if store.kind(o) == "medomni.run"]
 
@@ -156,11 +199,13 @@ def test_two_writers_of_one_chunk_record_each_slot_once(store: mc.Store, built: 
         # the other writer records slot a first
         store.refs.set(chunk_ref(chunk), store.put(chunk_table({a: theirs})), expected=None)
         for spec in (spec_a, spec_b):
-            claims.add(spec, mine[spec.slot], None)  # type: ignore[arg-type]
+            claims.add(spec, mine[spec.slot], _record(spec.slot))
         committed = claims.close()
     assert [c[0] for c in committed] == [b]  # a had moved: dropped
-    entries = store.get(store.refs[chunk_ref(chunk)], SlotChunk).entries()
-    assert entries == {a: theirs, b: mine[b]}
+    table = store.get(store.refs[chunk_ref(chunk)], SlotChunk)
+    assert table.entries() == {a: theirs, b: mine[b]}
+    # the other writer's table held no state of its run: neither does the table made on it
+    assert table.states == ()
     assert not store.refs.as_dict("runs/claims/")
 
 
@@ -246,6 +291,95 @@ def test_a_store_with_per_slot_refs_still_resumes(
         rec = store.get(new, RunRecord)
         assert rec.attempt == 2 and rec.previous == old
     assert [store.refs[slot_ref(s)] for s in slots] == runs  # per-slot refs as they were
+
+
+# -- states: resume reads the tables, not the runs -----------------------------------------------
+def _states_of_records(store: mc.Store) -> dict[ObjectId, tuple[str, int, bool]]:
+    out = {}
+    for rid in slot_runs(store).values():
+        r = store.get(rid, RunRecord)
+        out[rid] = (r.outcome, r.attempt, r.agent_block.meets_arm)
+    return out
+
+
+def test_each_table_holds_its_runs_states_as_their_records_say(
+    store: mc.Store, built: Path, tmp_path: Path
+) -> None:
+    _run(store, built, tmp_path, runner=FailingFirst())
+    # the infrastructure error's slot runs again, by a runner that serves no model
+    _run(store, built, tmp_path)
+    records = _states_of_records(store)
+    assert sorted(records.values()).count(("answered", 1, True)) == SLOTS - 2
+    assert ("agent-failed", 2, True) in records.values()
+    assert ("timeout", 1, True) in records.values()
+    held = {}
+    for _, tid in store.refs.items(CHUNK_REFS):
+        held.update(store.get(tid, SlotChunk).run_states())
+    assert held == records
+
+
+def test_resume_reads_the_tables_and_no_run_record(
+    store: mc.Store, built: Path, tmp_path: Path
+) -> None:
+    """With every run record gone from the store, resume answers as before: it read the
+    states the tables hold (the failed slot to run again at attempt 2, the time-out done)."""
+    _run(store, built, tmp_path, runner=FailingFirst())
+    slots, atoms = _job_slots(store, built)
+    agent = store.put(find_agent(built / "bench", "baseline"))
+    before = resume(store, atoms, agent, ARM, 1)
+    assert before.done == SLOTS - 1 and before.outcomes == {"answered": SLOTS - 2, "timeout": 1}
+    assert [(i, attempt) for i, attempt, _ in before.to_run] == [(0, 2)]
+    runs = [bytes(r) for r in latest_runs(store, slots) if r is not None]
+    assert store.backend.delete_many(runs) == SLOTS
+    after = resume(store, atoms, agent, ARM, 1)
+    assert (after.to_run, after.done, after.outcomes) == (
+        before.to_run,
+        before.done,
+        before.outcomes,
+    )
+
+
+def test_a_table_without_states_is_resumed_from_its_runs(
+    store: mc.Store, built: Path, tmp_path: Path
+) -> None:
+    """Tables written before states were kept (the same entries, no states: the ids they
+    always had) are resumed by reading their runs: the same answer; with those runs gone,
+    resume says which run it could not read."""
+    _run(store, built, tmp_path, runner=FailingFirst())
+    slots, atoms = _job_slots(store, built)
+    agent = store.put(find_agent(built / "bench", "baseline"))
+    before = resume(store, atoms, agent, ARM, 1)
+    for name, tid in store.refs.items(CHUNK_REFS):
+        old = chunk_table(store.get(tid, SlotChunk).entries())
+        assert old.states == ()
+        store.refs.set(name, store.put(old), expected=tid, message="as written before states")
+    lasts, known = latest_states(store, slots)
+    assert not known and len([r for r in lasts if r is not None]) == SLOTS
+    after = resume(store, atoms, agent, ARM, 1)
+    assert (after.to_run, after.done, after.outcomes) == (
+        before.to_run,
+        before.done,
+        before.outcomes,
+    )
+    # a harness recording on such a table: its states come back once every run has one
+    assert _run(store, built, tmp_path).ran == 1
+    table = store.get(store.refs[chunk_ref(chunk_ids(slots)[0])], SlotChunk)
+    assert table.states == ()  # 15 of its runs were recorded without a state
+    store.backend.delete_many([bytes(r) for r in lasts if r is not None][1:2])
+    with pytest.raises(MedomniError, match=str(lasts[1])):
+        resume(store, atoms, agent, ARM, 1)
+
+
+def test_a_table_whose_states_do_not_match_its_runs_is_named(store: mc.Store) -> None:
+    slot = b"\x01" * 32
+    run = store.put_blob(b"a run")  # a table's links are stored before it
+    tid = store.put(SlotChunk(slots=slot, runs=(run,), states=(("answered", 1, True),) * 2))
+    chunk = chunk_ids([slot])[0]
+    store.refs.set(chunk_ref(chunk), tid, expected=None)
+    with pytest.raises(
+        MedomniError, match=f"slot chunk table {tid}: slot chunk: 2 states for 1 runs"
+    ):
+        read_chunks(store, [chunk])
 
 
 # -- reading many refs under a prefix ----------------------------------------------------------

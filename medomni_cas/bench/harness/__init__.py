@@ -7,11 +7,12 @@
 2. Runs one job per arm (and rung) x repetition, slot by slot. A run slot's id is
    ``hash(atom, agent config, arm label, repetition)``; ``runs/slots/<slot>`` points at its
    latest run (in stores written before chunks), and ``runs/chunks/<chunk>`` the latest run
-   of each slot of a chunk of the job (`medomni_cas.bench.slottables`), so resuming is a
-   batch of ref and table reads. A chunk of slots is claimed before its slots run, under a
-   lease its harness keeps alive with a heartbeat (`harness.claims`), so two harnesses on
-   one store never run a slot twice, and the chunks of a harness that died are taken over
-   once its lease lapses; runs are recorded in batches (`harness.chunkclaims`).
+   of each slot of a chunk of the job (`medomni_cas.bench.slottables`) with its state, so
+   resuming is a batch of ref and table reads, no run read. A chunk of slots is claimed
+   before its slots run, under a lease its harness keeps alive with a heartbeat
+   (`harness.claims`), so two harnesses on one store never run a slot twice, and the
+   chunks of a harness that died are taken over once its lease lapses; runs are recorded
+   in batches (`harness.chunkclaims`).
 3. Records each trial as it ends and each job as it finishes (`medomni_cas.bench.recording`),
    then writes the run folder as a view, and the call's `JobReport` in it (``report.json``);
    files a runner kept there have the agent config's secrets redacted
@@ -66,7 +67,7 @@ from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.bench.scratch import SCRATCH_FOLDER
 from medomni_cas.bench.secrets import redactor
-from medomni_cas.bench.slottables import chunk_ids, latest_runs
+from medomni_cas.bench.slottables import chunk_ids, latest_runs, latest_states
 from medomni_cas.bench.stagecache import prefetch, remember, staging_store
 from medomni_cas.bench.trialpool import default_concurrency
 from medomni_cas.errors import InvalidObject, MedomniError
@@ -260,10 +261,11 @@ def resume(
     max_attempts: int = 3,
 ) -> Resume:
     """The resume check of one job: every slot's id, one batch of ref reads, then each
-    final run's outcome, attempt and arm check (a view of its verified bytes); counts what
-    is done. The loop is the hot path of resuming 100,000 slots: it stays flat."""
+    final run's outcome, attempt and arm check, as its chunk's table holds them (or, for a
+    table without states, a view of the run's verified bytes); counts what is done. The
+    loop is the hot path of resuming 100,000 slots: it stays flat."""
     slots = slot_digests(atoms, agent_config, arm_label, repetition)
-    lasts = latest_runs(store, slots)
+    lasts, known = latest_states(store, slots)
     plan = Resume(slots, [])
     to_run = plan.to_run.append
     if shard is not None:
@@ -276,9 +278,10 @@ def resume(
     else:
         scope = list(enumerate(lasts))
     plan.scope = len(scope)
-    # one pass: the runs' verified bytes come back in the order asked for
-    raw = store.get_raw_many([last for _, last in scope if last is not None])
-    decode = encoding.decode_view
+    # the runs whose tables hold no state (written before states were kept), in one pass
+    unknown = [last for _, last in scope if last is not None and last not in known]
+    if unknown:
+        known = {**known, **run_states(store, unknown)}
     final = AGENT_OUTCOMES
     done: list[str] = []
     keep = done.append
@@ -287,24 +290,16 @@ def resume(
         if last is None:
             to_run((i, 1, None))
             continue
-        rid, data = next(raw)
-        try:
-            if rid != last:
-                raise InvalidObject(f"read {rid} for {last}")
-            view = decode(data, _RunState)
-        except InvalidObject as e:
-            raise MedomniError(f"run slot points at {last}: {e}") from None
-        outcome = view.outcome
+        outcome, attempt, meets_arm = known[last]
         if rerun is None:
-            redo = outcome not in final and view.attempt < max_attempts
+            redo = outcome not in final and attempt < max_attempts
         else:
-            state = RunState(outcome, view.attempt, view.agent_block.meets_arm)
-            redo = _rerun_chosen(state, rerun)
+            redo = _rerun_chosen(RunState(outcome, attempt, meets_arm), rerun)
         if redo:
-            to_run((i, view.attempt + 1, last))
+            to_run((i, attempt + 1, last))
             continue
         keep(outcome)
-        if outcome == "answered" and not view.agent_block.meets_arm:
+        if outcome == "answered" and not meets_arm:
             unmet += 1
     outcomes = Counter(done)
     plan.done = len(done)

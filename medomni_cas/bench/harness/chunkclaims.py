@@ -39,7 +39,14 @@ from medomni_cas.bench.recording import RunBatch
 from medomni_cas.bench.records import RunRecord
 from medomni_cas.bench.refnames import chunk_ref
 from medomni_cas.bench.runners import TrialSpec
-from medomni_cas.bench.slottables import CHUNK_SLOTS, chunk_ids, chunk_table, read_chunks
+from medomni_cas.bench.slottables import (
+    CHUNK_SLOTS,
+    SlotChunk,
+    State,
+    chunk_ids,
+    chunk_table,
+    read_chunks,
+)
 from medomni_cas.errors import MedomniError
 from medomni_cas.store import encoding
 from medomni_cas.store._crash import crash_point
@@ -60,8 +67,24 @@ class _Chunk:
 
     table: ObjectId | None
     entries: dict[bytes, ObjectId]
+    states: dict[ObjectId, State]  # of the table's runs (empty: a table without states)
     running: int = 0  # claimed slots not yet recorded or given up
     closed: bool = False  # the runner has moved past it: no more slots will be claimed
+
+    def made(self) -> SlotChunk:
+        """The table record of these entries and states."""
+        return chunk_table(self.entries, self.states)
+
+
+def _recorded(held: _Chunk, runs: list[Committed]) -> _Chunk:
+    """``held``'s table with ``runs`` recorded in it (its id not known yet), each run's
+    state from its record."""
+    entries = dict(held.entries)
+    states = dict(held.states)
+    for slot, rid, record in runs:
+        entries[bytes(slot)] = rid
+        states[rid] = (record.outcome, record.attempt, record.agent_block.meets_arm)
+    return _Chunk(None, entries, states)
 
 
 @dataclass
@@ -105,8 +128,7 @@ class JobClaims:
             if holder is not None:
                 self.waiting[spec.slot] = (spec, holder)
                 return False
-            table, entries = read_chunks(self.store, [chunk])[0]
-            held = self._held[chunk] = _Chunk(table, entries)
+            held = self._held[chunk] = _Chunk(*read_chunks(self.store, [chunk])[0])
             if self.on_claim is not None:
                 self.on_claim(chunk)
         for other, h in self._held.items():
@@ -143,7 +165,7 @@ class JobClaims:
         if not self.waiting:
             return []
         chunks = list(dict.fromkeys(self.chunk_of[s] for s in self.waiting))
-        tables = dict(zip(chunks, (e for _, e in read_chunks(self.store, chunks)), strict=True))
+        tables = dict(zip(chunks, (e for _, e, _ in read_chunks(self.store, chunks)), strict=True))
         out, done = [], set(chunks)
         for slot in list(self.waiting):
             spec, _ = self.waiting.pop(slot)
@@ -199,12 +221,10 @@ class JobClaims:
             by_chunk: dict[bytes, list[Committed]] = {}
             for c in pending:
                 by_chunk.setdefault(self.chunk_of[c[0]], []).append(c)
-            tables: dict[bytes, tuple[ObjectId, dict[bytes, ObjectId]]] = {}
+            tables: dict[bytes, tuple[ObjectId, _Chunk]] = {}
             for chunk, runs in by_chunk.items():
-                entries = dict(self._held[chunk].entries)
-                entries.update((bytes(s), rid) for s, rid, _ in runs)
-                tid = self.batch.add(encoding.encode(chunk_table(entries)))
-                tables[chunk] = (tid, entries)
+                table = _recorded(self._held[chunk], runs)
+                tables[chunk] = (self.batch.add(encoding.encode(table.made())), table)
             written = self.batch.write(self.store)  # the runs' objects and tables: one batch
             if self.on_write is not None:
                 self.on_write(written)
@@ -216,7 +236,7 @@ class JobClaims:
         return committed
 
     def _commit(
-        self, chunk: bytes, runs: list[Committed], tid: ObjectId, entries: dict[bytes, ObjectId]
+        self, chunk: bytes, runs: list[Committed], tid: ObjectId, table: _Chunk
     ) -> list[Committed]:
         held = self._held[chunk]
         ref = chunk_ref(chunk)
@@ -225,16 +245,15 @@ class JobClaims:
                 return []  # our lease lapsed and another harness took the chunk over
             message = f"{len(runs)} run{'s' * (len(runs) != 1)}"
             if self.store.refs.set_if_equals(ref, held.table, tid, message):
-                held.table, held.entries = tid, entries
+                held.table, held.entries, held.states = tid, table.entries, table.states
                 return runs
             # moved under us: keep the runs of slots still where the plan left them
-            held.table, held.entries = read_chunks(self.store, [chunk])[0]
+            held.table, held.entries, held.states = read_chunks(self.store, [chunk])[0]
             runs = [r for r in runs if not self._moved(r[0], held.entries)]
             if not runs:
                 return []
-            entries = dict(held.entries)
-            entries.update((bytes(s), rid) for s, rid, _ in runs)
-            tid = self.store.put(chunk_table(entries))
+            table = _recorded(held, runs)
+            tid = self.store.put(table.made())
         raise MedomniError(f"{ref}: lost {_RACES} races in a row recording runs")
 
     def _release_idle(self) -> None:
