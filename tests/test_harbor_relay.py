@@ -237,5 +237,11 @@ def test_tasks_for_compose_and_allowlist_environments(built: str, tmp_path: Path
 
         remote = HarborRunner(environment="daytona", gateway_url="http://gw.example.org:8899")
         assert remote.direct and not remote.compose
+        # the gateway listens on the URL's port unless told another (a port forwarded)
+        assert remote.gateway_port == 8899
+        forwarded = HarborRunner(
+            environment="daytona", gateway_url="http://gw.example.org:8899", gateway_port=9000
+        )
+        assert forwarded.gateway_port == 9000
         assert not [p for p in remote.check(job) if "perception service" in p]
         assert [p for p in HarborRunner(environment="daytona").check(job) if "egress" in p]

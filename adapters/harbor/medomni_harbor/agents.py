@@ -244,9 +244,11 @@ _POLL_SEC = 0.02  # how often the relay's serving loop looks for a shutdown
 class _Relay:
     """``http://127.0.0.1:<port>`` on the host, each request replayed inside the container.
 
-    A request becomes one ``exec`` of ``nc -w <t> perception 8899`` fed the raw HTTP/1.0
-    request; the raw response goes back as it came (status, headers, body). Requests are
-    bounded (the gateway's own limit is 64 KiB), so they travel in the command line.
+    A request becomes one ``exec`` of ``nc -w <t> <host> <port>`` (``perception 8899``, or
+    the gateway's address on an egress allowlist) fed the raw HTTP/1.0 request, its path
+    after the target's own (the trial's ``/t/<token>`` there); the raw response goes back as
+    it came (status, headers, body). Requests are bounded (the gateway's own limit is
+    64 KiB), so they travel in the command line.
     """
 
     def __init__(self, environment: BaseEnvironment, target: str) -> None:
@@ -254,6 +256,9 @@ class _Relay:
         parts = urlsplit(target)
         self.host = parts.hostname or "perception"
         self.port = parts.port or 80
+        # a gateway reached directly (an egress allowlist) names the trial's token in the
+        # URL's path (`/t/<token>`): each request's own path goes after it
+        self.prefix = parts.path.rstrip("/")
         self.loop = asyncio.get_running_loop()
         relay = self
 
@@ -284,7 +289,7 @@ class _Relay:
         )
 
     def forward(self, method: str, path: str, headers: Any, body: bytes) -> bytes:
-        lines = [f"{method} {path} HTTP/1.0", f"Host: {self.host}:{self.port}"]
+        lines = [f"{method} {self.prefix}{path} HTTP/1.0", f"Host: {self.host}:{self.port}"]
         for key in ("content-type", "accept"):
             if headers.get(key):
                 lines.append(f"{key.title()}: {headers[key]}")

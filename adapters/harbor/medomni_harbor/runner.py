@@ -37,8 +37,9 @@ trials run is a setting of the run, not code:
                   service, runs the trial's relay (`medomni_harbor.compose`); default on for
                   ``harbor-docker`` and ``gke``
 ``gateway_host``, ``gateway_port``  where the job's perception gateway listens (default
-                  127.0.0.1 and a free port); ``gateway_address`` (``host:port``, numeric) is
-                  how a compose trial's forwarder reaches it, when not that (a GKE pod)
+                  127.0.0.1 and ``gateway_url``'s port, else a free port);
+                  ``gateway_address`` (``host:port``, numeric) is how a compose trial's
+                  forwarder reaches it, when not that (a GKE pod)
 ``gateway_url``   for an environment with an egress allowlist (not ours, not compose): the
                   gateway's URL as the trials' containers reach it (``http://host:port``);
                   each arm with the service then allows that host alone, and the agent's
@@ -162,9 +163,12 @@ class HarborRunner(Runner):
         comp = _option(compose, "compose", default)
         self.compose = comp if isinstance(comp, bool) else str(comp).lower() in ("1", "true")
         self.gateway_host = str(_option(gateway_host, "gateway_host", "127.0.0.1"))
-        self.gateway_port = int(_option(gateway_port, "gateway_port", 0))
         self.gateway_address = _option(gateway_address, "gateway_address", None)
         self.gateway_url = _option(gateway_url, "gateway_url", None)
+        # the gateway listens on the port its URL names unless told otherwise (a port
+        # forwarded on the way): a free port would answer none of the trials' calls
+        url_port = urlsplit(str(self.gateway_url)).port if self.gateway_url else None
+        self.gateway_port = int(_option(gateway_port, "gateway_port", url_port or 0))
         #: seconds spent on our side of each phase, for benchmarks_perf.harbor
         self.timings: dict[str, float] = {"render": 0.0, "collect": 0.0, "harbor": 0.0}
 
