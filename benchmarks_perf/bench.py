@@ -69,7 +69,7 @@ from medomni_cas.bench.records import (
     slot_ids,
 )
 from medomni_cas.bench.refnames import SLOT_REFS, chunk_ref, slot_ref
-from medomni_cas.bench.slottables import chunk_ids, chunk_table
+from medomni_cas.bench.slottables import chunk_ids, chunk_table, state_of
 from medomni_cas.store import encoding
 from medomni_cas.store.backends.lmdb import LMDBBackend
 from medomni_cas.store.blobs import blob_object
@@ -142,10 +142,7 @@ def _record_chunks(
     entries: dict[bytes, dict[bytes, ObjectId]] = {}
     for chunk, slot, rid in zip(chunks, slots, runs, strict=True):
         entries.setdefault(chunk, {})[bytes(slot)] = rid
-    states = {
-        rid: (r.outcome, r.attempt, r.agent_block.meets_arm)
-        for rid, r in zip(runs, records, strict=True)
-    }
+    states = {rid: state_of(r) for rid, r in zip(runs, records, strict=True)}
     tables = store.put_many(chunk_table(e, states) for e in entries.values())
     for chunk, tid in zip(entries, tables, strict=True):
         _new_ref(store, chunk_ref(chunk), tid, now)

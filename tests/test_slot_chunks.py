@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
 import medomni_cas as mc
@@ -25,7 +26,7 @@ from medomni_cas.bench.harness import RunReport, resume, run_set
 from medomni_cas.bench.harness.checks import check_built
 from medomni_cas.bench.harness.chunkclaims import JobClaims
 from medomni_cas.bench.harness.claims import Lease
-from medomni_cas.bench.records import AgentBlock, RunRecord, slot_digests
+from medomni_cas.bench.records import RunRecord, slot_digests
 from medomni_cas.bench.refnames import CHUNK_REFS, chunk_ref, slot_ref
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec
 from medomni_cas.bench.slottables import (
@@ -45,6 +46,7 @@ from medomni_cas.store.verify import fsck
 from medomni_cas.studio.tasksets import build_set, show_set
 from tests._sets import small_tree
 from tests.test_backends import BUCKET, s3_endpoint  # noqa: F401 - a fixture
+from tests.test_bench_identity import SAMPLES
 
 ROOT = Path(__file__).resolve().parent.parent
 SET = "medomni-bench/chunks"
@@ -136,29 +138,9 @@ def _job_slots(store: mc.Store, built: Path) -> tuple[list[bytes], list[ObjectId
     return slot_digests(atoms, agent_id, ARM, 1), atoms
 
 
-def _record(slot: bytes, outcome: str = "answered") -> RunRecord:
+def _record(slot: bytes) -> RunRecord:
     """A run record of ``slot`` (the protocol's tests need its state, not a real run)."""
-    one = ObjectId(bytes(32))
-    return RunRecord(
-        run_id=f"{slot.hex()}-1",
-        slot=slot.hex(),
-        attempt=1,
-        intelligence="agent",
-        agent_config=one,
-        task_set=one,
-        atom=one,
-        pair="p@n20",
-        task_version="1.0",
-        config=one,
-        repetition=1,
-        runner="instant",
-        outcome=outcome,  # type: ignore[arg-type]
-        served_model="none",
-        started="2026-12-05T00:00:00.000+00:00",
-        finished="2026-12-05T00:00:00.000+00:00",
-        elapsed_ms=0,
-        agent_block=AgentBlock(arm=ARM, encoders="none"),
-    )
+    return msgspec.structs.replace(SAMPLES["run"], run_id=f"{slot.hex()}-1", slot=slot.hex())
 
 
 def _stored_runs(store: mc.Store) -> list[RunRecord]:

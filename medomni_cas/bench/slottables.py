@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from medomni_cas.bench.records import RunRecord
 from medomni_cas.bench.refnames import CHUNK_REFS, SLOT_REFS
 from medomni_cas.errors import InvalidObject, MedomniError
 from medomni_cas.store import encoding
@@ -49,14 +50,15 @@ from medomni_cas.store.store import Store
 __all__ = [
     "CHUNK_SLOTS",
     "SlotChunk",
-    "chunk_ids",
     "State",
+    "chunk_ids",
     "chunk_table",
     "latest_run",
     "latest_runs",
     "latest_states",
     "read_chunks",
     "slot_runs",
+    "state_of",
 ]
 
 #: Slots per chunk: a claim and a table per this many runs (forever: it names the chunks).
@@ -65,6 +67,11 @@ CHUNK_SLOTS = 16
 #: A run as resume sees it: its outcome, its attempt, whether its answer met its arm (the
 #: fields of `medomni_cas.bench.harness.RunState`, in its order).
 State = tuple[str, int, bool]
+
+
+def state_of(record: RunRecord) -> State:
+    """``record``'s state, as its table holds it."""
+    return (record.outcome, record.attempt, record.agent_block.meets_arm)
 
 
 class SlotChunk(Record, frozen=True, kw_only=True):

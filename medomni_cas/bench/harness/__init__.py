@@ -67,7 +67,7 @@ from medomni_cas.bench.runfolders import write_run_folder
 from medomni_cas.bench.runners import Job, Runner, Trial, TrialSpec, get_runner
 from medomni_cas.bench.scratch import SCRATCH_FOLDER
 from medomni_cas.bench.secrets import redactor
-from medomni_cas.bench.slottables import chunk_ids, latest_runs, latest_states
+from medomni_cas.bench.slottables import chunk_ids, latest_runs, latest_states, state_of
 from medomni_cas.bench.stagecache import prefetch, remember, staging_store
 from medomni_cas.bench.trialpool import default_concurrency
 from medomni_cas.errors import InvalidObject, MedomniError
@@ -281,7 +281,7 @@ def resume(
     # the runs whose tables hold no state (written before states were kept), in one pass
     unknown = [last for _, last in scope if last is not None and last not in known]
     if unknown:
-        known = {**known, **run_states(store, unknown)}
+        known.update(run_states(store, unknown))
     final = AGENT_OUTCOMES
     done: list[str] = []
     keep = done.append
@@ -708,7 +708,7 @@ def _count(
     # the runs this call recorded are known; only the others' are read
     states = run_states(store, [r for r in lasts if r is not None and r not in records])
     for rid, r in records.items():
-        states[rid] = RunState(r.outcome, r.attempt, r.agent_block.meets_arm)
+        states[rid] = RunState(*state_of(r))
     for last in lasts:
         if last is None:
             report.never_run += 1

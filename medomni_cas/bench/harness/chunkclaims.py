@@ -46,6 +46,7 @@ from medomni_cas.bench.slottables import (
     chunk_ids,
     chunk_table,
     read_chunks,
+    state_of,
 )
 from medomni_cas.errors import MedomniError
 from medomni_cas.store import encoding
@@ -83,7 +84,7 @@ def _recorded(held: _Chunk, runs: list[Committed]) -> _Chunk:
     states = dict(held.states)
     for slot, rid, record in runs:
         entries[bytes(slot)] = rid
-        states[rid] = (record.outcome, record.attempt, record.agent_block.meets_arm)
+        states[rid] = state_of(record)
     return _Chunk(None, entries, states)
 
 
