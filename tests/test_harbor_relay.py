@@ -23,6 +23,7 @@ import medomni_cas as mc
 from medomni_cas.bench.agents import find_agent
 from medomni_cas.bench.harness import run_set
 from medomni_cas.bench.records import RunRecord
+from medomni_cas.bench.runners import RunnerError
 from medomni_cas.studio.tasksets import build_set
 from tests import docker_engine as de
 from tests.docker_engine import Engine
@@ -243,5 +244,7 @@ def test_tasks_for_compose_and_allowlist_environments(built: str, tmp_path: Path
             environment="daytona", gateway_url="http://gw.example.org:8899", gateway_port=9000
         )
         assert forwarded.gateway_port == 9000
+        with pytest.raises(RunnerError, match="runner option gateway_url 'http://gw:port'"):
+            HarborRunner(environment="daytona", gateway_url="http://gw:port")
         assert not [p for p in remote.check(job) if "perception service" in p]
         assert [p for p in HarborRunner(environment="daytona").check(job) if "egress" in p]

@@ -167,7 +167,10 @@ class HarborRunner(Runner):
         self.gateway_url = _option(gateway_url, "gateway_url", None)
         # the gateway listens on the port its URL names unless told otherwise (a port
         # forwarded on the way): a free port would answer none of the trials' calls
-        url_port = urlsplit(str(self.gateway_url)).port if self.gateway_url else None
+        try:
+            url_port = urlsplit(str(self.gateway_url)).port if self.gateway_url else None
+        except ValueError as e:
+            raise RunnerError(f"runner option gateway_url {self.gateway_url!r}: {e}") from None
         self.gateway_port = int(_option(gateway_port, "gateway_port", url_port or 0))
         #: seconds spent on our side of each phase, for benchmarks_perf.harbor
         self.timings: dict[str, float] = {"render": 0.0, "collect": 0.0, "harbor": 0.0}
