@@ -24,7 +24,12 @@ counts where its pages were read); "anon" is the peak of its anonymous pages alo
 ``--size F`` makes 1x a fraction F of the full run's (a loaded machine);
 ``--repeat N`` times each operation N times at each size and keeps the fastest (and the
 largest peak RSS): on a shared machine one run of a second at 1x may take half as long
-again as the next, which moves a slope by more than the target's margin;
+again as the next, which moves a slope by more than the target's margin. Every size's
+stores are built first, then the runs go in N rounds, each round every operation at each
+size in turn: the machine's speed drifts over minutes, and a slope compares sizes, so each
+size's fastest is taken over the same span of time. Before each run the store's files are
+read once, untimed (a machine that pages out what sat idle, as this one does, would
+otherwise make a run's first reads disk reads);
 ``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
 of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table,
 as "raw reads", the reads resume and verify make (the same keys in the same order,
@@ -52,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,33 +116,74 @@ def _status(pid: int) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+):\s+(\d+) kB", text, re.M)}
 
 
-def measure(
-    op: str,
-    spec: dict[str, Any],
-    tmp: Path,
-    env: dict[str, str] | None = None,
-    *,
-    repeat: int = 1,
-    between: Callable[[], None] | None = None,
+@dataclass
+class Trial:
+    """One operation (a row of the table) at one size: the child's ``op`` on ``spec``, with
+    ``env``; ``want`` what it must report; ``before`` and ``after`` what readies the work
+    before each run and puts back after it what the run changed (a fresh destination; the
+    litter gc swept, which the other operations count); ``warm`` the folders read before each
+    run, untimed (the store's pages in the page cache, wherever the last round left them)."""
+
+    row: str
+    f: int
+    op: str
+    spec: dict[str, Any]
+    work: int
+    want: dict[str, int]
+    env: dict[str, str] | None = None
+    before: Callable[[], None] | None = None
+    after: Callable[[], None] | None = None
+    warm: tuple[Path, ...] = ()
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def measure(self) -> Measure:
+        """The fastest run's seconds and the largest peaks (RSS and anonymous) of them all:
+        the fastest of a few is the figure a shared machine's noise disturbs least (it only
+        ever adds time)."""
+        return Measure(
+            self.work,
+            min(r["seconds"] for r in self.runs),
+            max(r["maxrss_kib"] for r in self.runs) / 1024,
+            max(r["anon_kib"] for r in self.runs) / 1024,
+        )
+
+
+def _warm(folder: Path) -> None:
+    """Read every file under ``folder`` once: into the page cache, where a machine that
+    pages out what sat idle for a while (DAMON here) may have taken it from."""
+    for path in sorted(folder.rglob("*")) if folder.is_dir() else [folder]:
+        if path.is_file():
+            with path.open("rb", buffering=0) as fh:
+                while fh.read(1 << 20):
+                    pass
+
+
+def rounds(trials: list[Trial], tmp: Path, repeat: int) -> None:
+    """Run every trial once per round, ``repeat`` rounds; a row's sizes one after the other.
+
+    Rounds, not a trial's runs back to back: this machine's speed drifts by more than the
+    slope's margin over minutes (a push of 360k objects took 17-19 s, then 12.7-14.8 s
+    half an hour later), and a row's slope compares its sizes, so each size's fastest run
+    is taken across the whole span of the measurement, not from the minutes when that
+    size happened to run."""
+    for r in range(repeat):
+        if repeat > 1:
+            print(f"  round {r + 1} of {repeat}", flush=True)
+        for t in trials:
+            if t.before is not None:
+                t.before()
+            for folder in t.warm:
+                _warm(folder)
+            got = _run_once(t.op, t.spec, tmp, t.env, label=f"{t.row} {t.f}x")
+            if t.after is not None:
+                t.after()
+            _expect(t.row, got, **t.want)
+            t.runs.append(got)
+
+
+def _run_once(
+    op: str, spec: dict[str, Any], tmp: Path, env: dict[str, str] | None, *, label: str
 ) -> Any:
-    """Run ``op`` ``repeat`` times, each in a fresh process on ``spec`` (``between`` called
-    before each run but the first: what puts the work back); the last run's JSON line with
-    the fastest run's ``seconds`` and the largest peaks (``maxrss_kib``, and ``anon_kib``,
-    the sampled peak of its anonymous pages). The fastest of a few runs is the figure a
-    shared machine's noise disturbs least (it only ever adds time)."""
-    runs = []
-    for i in range(repeat):
-        if i and between is not None:
-            between()
-        runs.append(_run_once(op, spec, tmp, env))
-    got = dict(runs[-1])
-    got["seconds"] = min(r["seconds"] for r in runs)
-    for key in ("maxrss_kib", "anon_kib"):
-        got[key] = max(r[key] for r in runs)
-    return got
-
-
-def _run_once(op: str, spec: dict[str, Any], tmp: Path, env: dict[str, str] | None) -> Any:
     path = tmp / f"spec-{op}.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.Popen(
@@ -159,8 +205,7 @@ def _run_once(op: str, spec: dict[str, Any], tmp: Path, env: dict[str, str] | No
     got["anon_kib"] = anon
     path.unlink()
     # each figure as it comes: a run cut short still tells what it measured
-    shown = f"{op}{' (' + ','.join(f'{k}={v}' for k, v in env.items()) + ')' if env else ''}"
-    print(f"    {shown}: {got}", flush=True)
+    print(f"    {label}: {got}", flush=True)
     return got
 
 
@@ -175,15 +220,12 @@ def _expect(op: str, got: dict[str, Any], **want: int) -> None:
 
 
 # -- the stores ---------------------------------------------------------------------------------
-def runs_ops(
-    tmp: Path, sizes: Sizes, f: int, only: set[str], baseline: bool, repeat: int = 1
-) -> dict[str, Measure]:
-    """resume, verify, fsck, push, pull and gc at ``f`` times the work, on one store, each
-    timed ``repeat`` times (the fastest kept)."""
+def runs_trials(tmp: Path, sizes: Sizes, f: int, only: set[str], baseline: bool) -> list[Trial]:
+    """resume, verify, fsck, push, pull and gc at ``f`` times the work, on one store built
+    here (and the baselines asked for)."""
     from benchmarks_perf import bench
     from medomni_cas.store.blobs import blob_object
 
-    out: dict[str, Measure] = {}
     path = tmp / f"runs-{f}"
     runs = bench.build_runs(
         path,
@@ -200,6 +242,10 @@ def runs_ops(
     )
     store = runs.store
     store.refs.set(REF, runs.result)
+    # the result's closure, counted before anything is timed: the store also holds what the
+    # harness's refs reach and the result does not (its jobs' slot tables), so it is not
+    # the total less the litter
+    closure = sum(1 for _ in store.walk([runs.result]))
     # a tenth of the objects unreachable (gc sweeps them, fsck checks them)
     garbage = runs.objects // 9
 
@@ -232,64 +278,68 @@ def runs_ops(
             raw["verify"] = _walk_reads(store, runs.result, tmp / f"raw-verify-{f}")
     store.close()
     os.sync()  # written with durable=False: flushed now, not by the kernel while timing
-    closure = total - garbage
     print(f"  {f}x: {slots:,} slots, {total:,} objects ({garbage:,} unreachable)", flush=True)
+    warm = (path,)
+    out: list[Trial] = []
+
+    def trial(row: str, op: str, work: int, want: dict[str, int], **kw: Any) -> None:
+        out.append(Trial(row, f, op, kw.pop("spec", spec), work, want, warm=warm, **kw))
+
     if "resume" in only:
-        got = measure("resume", spec, tmp, repeat=repeat)
-        _expect("resume", got, slots=slots)
-        out["resume"] = _m(got, slots)
+        trial("resume", "resume", slots, {"slots": slots})
         if baseline:
-            out["resume, raw reads"] = _raw_reads(raw["resume"], spec, tmp, repeat, slots)
+            out.append(_raw_reads("resume, raw reads", f, raw["resume"], spec, slots))
+    verified = {"problems": 0, "objects": closure}
     if "verify" in only:
-        got = measure("verify", spec, tmp, repeat=repeat)
-        _expect("verify", got, problems=0)
-        closure = got["objects"]
-        out["verify"] = _m(got, got["objects"])
+        trial("verify", "verify", closure, verified)
         if baseline:
-            got = measure("verify", spec, tmp, env=IN_MEMORY, repeat=repeat)
-            _expect("verify", got, problems=0, objects=closure)
-            out["verify, in memory"] = _m(got, closure)
-            out["verify, raw reads"] = _raw_reads(raw["verify"], spec, tmp, repeat, closure)
-            out["verify, raw reads, pages dropped"] = _raw_reads(
-                raw["verify"], spec, tmp, repeat, closure, dropped=True
+            trial("verify, in memory", "verify", closure, verified, env=IN_MEMORY)
+            out.append(_raw_reads("verify, raw reads", f, raw["verify"], spec, closure))
+            out.append(
+                _raw_reads(
+                    "verify, raw reads, pages dropped",
+                    f,
+                    raw["verify"],
+                    spec,
+                    closure,
+                    dropped=True,
+                )
             )
-            got = measure("verify", spec, tmp, env=PAGES_KEPT, repeat=repeat)
-            _expect("verify", got, problems=0, objects=closure)
-            out["verify, pages kept"] = _m(got, closure)
+            trial("verify, pages kept", "verify", closure, verified, env=PAGES_KEPT)
+    checked = {"objects": total, "problems": 0, "history": 0}
     if "fsck" in only:
-        got = measure("fsck", spec, tmp, repeat=repeat)
-        _expect("fsck", got, objects=total, problems=0, history=0)
-        out["fsck"] = _m(got, total)
+        trial("fsck", "fsck", total, checked)
         if baseline:
-            got = measure("fsck", spec, tmp, env=IN_MEMORY, repeat=repeat)
-            _expect("fsck", got, objects=total, problems=0, history=0)
-            out["fsck, in memory"] = _m(got, total)
+            trial("fsck, in memory", "fsck", total, checked, env=IN_MEMORY)
     for op in ("push", "pull"):
         if op in only:
             other = tmp / f"{op}-{f}"
-            got = measure(
-                op,
-                {**spec, "other": str(other)},
-                tmp,
-                repeat=repeat,
-                between=lambda other=other: shutil.rmtree(other),  # a fresh destination
-            )
-            shutil.rmtree(other)
-            _expect(op, got, objects=closure)
-            out[op] = _m(got, closure)
-    if "gc" in only:
-        time.sleep(max(0.0, written + 3.0 - time.time()))  # older than gc's stamp slack
 
-        def relitter() -> None:  # what the last gc swept, back and as old
+            def fresh(other: Path = other) -> None:  # a fresh destination each time
+                shutil.rmtree(other, ignore_errors=True)
+
+            trial(
+                op,
+                op,
+                closure,
+                {"objects": closure},
+                spec={**spec, "other": str(other)},
+                before=fresh,
+            )
+    if "gc" in only:
+        littered = [written]
+
+        def old_enough() -> None:  # the litter older than gc's stamp slack (3 s)
+            time.sleep(max(0.0, littered[0] + 3.0 - time.time()))
+
+        def relitter() -> None:  # what gc swept, back: the other operations count it
             with mc.Store(LMDBBackend(path, durable=False)) as again:
                 litter(again)
             os.sync()
-            time.sleep(3.0)
+            littered[0] = time.time()
 
-        got = measure("gc", spec, tmp, repeat=repeat, between=relitter)
-        _expect("gc", got, swept=garbage, objects=total)
-        out["gc"] = _m(got, total)
-    shutil.rmtree(path)
+        want = {"swept": garbage, "objects": total}
+        trial("gc", "gc", total, want, before=old_enough, after=relitter)
     return out
 
 
@@ -356,21 +406,20 @@ def _walk_reads(store: mc.Store, root: mc.ObjectId, folder: Path) -> dict[str, A
 
 
 def _raw_reads(
+    row: str,
+    f: int,
     raw: dict[str, Any],
     spec: dict[str, Any],
-    tmp: Path,
-    repeat: int,
     work: int,
     *,
     dropped: bool = False,
-) -> Measure:
+) -> Trial:
     child = {"store": spec["store"], "sections": raw["sections"], "dropped": dropped}
-    got = measure("raw", child, tmp, repeat=repeat)
-    _expect("raw", got, reads=raw["reads"], found=raw["reads"])
-    return _m(got, work)
+    want = {"reads": raw["reads"], "found": raw["reads"]}
+    return Trial(row, f, "raw", child, work, want, warm=(Path(spec["store"]),))
 
 
-def score_op(tmp: Path, sizes: Sizes, f: int, repeat: int = 1) -> Measure:
+def score_trials(tmp: Path, sizes: Sizes, f: int) -> list[Trial]:
     from benchmarks_perf import bench_score
     from medomni_cas.bench.scorer import score_jobs
 
@@ -389,12 +438,10 @@ def score_op(tmp: Path, sizes: Sizes, f: int, repeat: int = 1) -> Measure:
     s.store.close()
     os.sync()
     spec = {"store": str(path), "jobs": [j.hex() for j in s.jobs], "rows": s.rows}
-    got = measure("score", spec, tmp, repeat=repeat)
-    shutil.rmtree(path)
-    return _m(got, s.rows)
+    return [Trial("score", f, "score", spec, s.rows, {}, warm=(path,))]
 
 
-def build_op(tmp: Path, data: Path, sizes: Sizes, f: int, repeat: int = 1) -> Measure:
+def build_trials(tmp: Path, data: Path, sizes: Sizes, f: int) -> list[Trial]:
     from benchmarks_perf import studio
 
     n = sizes.patients * f
@@ -408,10 +455,11 @@ def build_op(tmp: Path, data: Path, sizes: Sizes, f: int, repeat: int = 1) -> Me
         "data": str(data),
         "patients": n,
     }
-    got = measure("build", spec, tmp, repeat=repeat, between=lambda: shutil.rmtree(store))
-    shutil.rmtree(store)
-    shutil.rmtree(tmp / f"studio-{f}")
-    return _m(got, n)
+
+    def fresh() -> None:  # a fresh store each time
+        shutil.rmtree(store, ignore_errors=True)
+
+    return [Trial("build", f, "build", spec, n, {"patients": n}, before=fresh, warm=(root, data))]
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -567,19 +615,26 @@ def main(argv: Sequence[str]) -> int:
                 results[f"{op}, pages kept"] = []
     with tempfile.TemporaryDirectory(prefix="medomni-scale-", dir="/tmp") as d:
         tmp = Path(d)
+        trials: list[Trial] = []
         if "build" in only:
             from examples import synth
 
             data = tmp / "data-root"
             synth.generate(data / "data", patients=sizes.patients * max(factors) * 6 // 5, seed=0)
+        # every size's stores first, then the rounds (`rounds`)
         for f in factors:
             if "build" in only:
-                results["build"].append(build_op(tmp, data, sizes, f, args.repeat))
+                trials += build_trials(tmp, data, sizes, f)
             if only & {"resume", "verify", "fsck", "push", "pull", "gc"}:
-                for op, m in runs_ops(tmp, sizes, f, only, args.baseline, args.repeat).items():
-                    results[op].append(m)
+                trials += runs_trials(tmp, sizes, f, only, args.baseline)
             if "score" in only:
-                results["score"].append(score_op(tmp, sizes, f, args.repeat))
+                trials += score_trials(tmp, sizes, f)
+        print(f"stores built in {time.perf_counter() - start:.0f} s", flush=True)
+        order = list(results)
+        trials.sort(key=lambda t: (order.index(t.row), t.f))
+        rounds(trials, tmp, args.repeat)
+        for t in trials:
+            results[t.row].append(t.measure())
     print(render(results, factors))
     took = time.perf_counter() - start
     print(f"load at the end {os.getloadavg()[0]:.2f}; total time: {took:.0f} s")

@@ -71,3 +71,12 @@ def test_scale_benchmark_baselines_read_what_the_operations_read() -> None:
         "fsck, in memory",
     ):
         assert any(row.startswith(f"| {name} (") for row in rows), f"no row for {name!r}"
+
+
+def test_scale_benchmark_rounds_put_back_what_a_run_changed() -> None:
+    """``--repeat 2``: the second round finds each store as the first found it (gc's litter
+    back for fsck to count, a fresh destination for push); the child's counts are checked
+    against the store's every run, so a store left changed fails the run."""
+    rows = quick_rows("scale", "--repeat", "2", "--only", "fsck", "--only", "gc", "--only", "push")
+    for op in ("fsck", "gc", "push"):
+        assert any(row.startswith(f"| {op} (") for row in rows), f"no row for {op!r}"

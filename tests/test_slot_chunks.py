@@ -5,6 +5,7 @@ that makes a resume check of slots never run cheap on S3, on every backend alike
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -319,6 +320,34 @@ def test_resume_reads_the_tables_and_no_run_record(
         before.done,
         before.outcomes,
     )
+
+
+def test_resume_reads_its_tables_with_the_collector_paused(
+    store: mc.Store, built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tables are read with Python's cyclic collector off (its share of resume's time
+    grew with the slots: `medomni_cas._gcpause`), and it is on again after resume, also
+    after one that raised."""
+    _run(store, built, tmp_path)
+    _, atoms = _job_slots(store, built)
+    agent = store.put(find_agent(built / "bench", "baseline"))
+    collecting: list[bool] = []
+    get_many = store.backend.get_many
+
+    def reading(keys: list[bytes]) -> Any:
+        collecting.append(gc.isenabled())
+        return get_many(keys)
+
+    monkeypatch.setattr(store.backend, "get_many", reading)
+    assert gc.isenabled()
+    assert resume(store, atoms, agent, ARM, 1).done == SLOTS
+    assert collecting and not any(collecting)
+    assert gc.isenabled()
+    for name, tid in store.refs.items(CHUNK_REFS):  # a table that is not one: resume raises
+        store.refs.set(name, store.put_blob(b"not a table"), expected=tid, message="broken")
+    with pytest.raises(MedomniError, match="slot chunk table"):
+        resume(store, atoms, agent, ARM, 1)
+    assert gc.isenabled()
 
 
 def test_a_table_without_states_is_resumed_from_its_runs(

@@ -39,6 +39,7 @@ from typing import Literal, NamedTuple, get_args
 
 import msgspec
 
+from medomni_cas._gcpause import gc_paused
 from medomni_cas.bench.columns import PREDICTION_COLUMNS, ArmRows, arm_rows
 from medomni_cas.bench.evidence import keep_evidence
 from medomni_cas.bench.harness import interrupts
@@ -249,6 +250,7 @@ class Resume:
     unanswered: int = 0  # of those final runs, those without a scored answer
 
 
+@gc_paused  # the tables' ids and states, 100,000 of them kept (`medomni_cas._gcpause`)
 def resume(
     store: Store,
     atoms: Sequence[ObjectId],
