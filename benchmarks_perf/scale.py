@@ -162,8 +162,8 @@ def rounds(trials: list[Trial], tmp: Path, repeat: int) -> None:
     """Run every trial once per round, ``repeat`` rounds; a row's sizes one after the other.
 
     Rounds, not a trial's runs back to back: this machine's speed drifts by more than the
-    slope's margin over minutes (a push of 360k objects took 17-19 s, then 12.7-14.8 s
-    half an hour later), and a row's slope compares its sizes, so each size's fastest run
+    slope's margin over minutes (a push of 360k objects took 15.6-19.7 s, then 12.7-14.8 s
+    a few minutes later), and a row's slope compares its sizes, so each size's fastest run
     is taken across the whole span of the measurement, not from the minutes when that
     size happened to run."""
     for r in range(repeat):
