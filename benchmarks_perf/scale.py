@@ -34,10 +34,10 @@ otherwise make a run's first reads disk reads);
 of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table,
 as "raw reads", the reads resume and verify make (the same keys in the same order,
 objects hashed) by py-lmdb alone: what the medium costs at each size, the ratio below;
-and, as "pages kept", verify with the mapped-page budget lifted (every LMDB page read stays
-mapped, `medomni_cas.store._mapped`): what bounding its RSS costs, the ratio below (resume
-keeps its pages: it has no RSS target); "raw reads, pages dropped" are verify's raw reads
-under the same budget as verify: the medium's cost under that bound.
+and, as "pages kept", verify, push and pull with the mapped-page budget lifted (every LMDB
+page read stays mapped, `medomni_cas.store._mapped`): what bounding their RSS costs, the
+ratio below (resume keeps its pages: it has no RSS target); "raw reads, pages dropped" are
+verify's raw reads under the same budget as verify: the medium's cost under that bound.
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
 """
 
@@ -318,14 +318,11 @@ def runs_trials(tmp: Path, sizes: Sizes, f: int, only: set[str], baseline: bool)
             def fresh(other: Path = other) -> None:  # a fresh destination each time
                 shutil.rmtree(other, ignore_errors=True)
 
-            trial(
-                op,
-                op,
-                closure,
-                {"objects": closure},
-                spec={**spec, "other": str(other)},
-                before=fresh,
-            )
+            sent = {"objects": closure}
+            to = {**spec, "other": str(other)}
+            trial(op, op, closure, sent, spec=to, before=fresh)
+            if baseline:
+                trial(f"{op}, pages kept", op, closure, sent, spec=to, before=fresh, env=PAGES_KEPT)
     if "gc" in only:
         littered = [written]
 
@@ -540,8 +537,9 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
         pairs += [
             (op, raw, "time / the same reads by py-lmdb alone"),
             (dropped, raw, "raw reads with the page budget / without"),
-            (op, f"{op}, pages kept", "time with the page budget / pages kept"),
         ]
+    for op in ("verify", "push", "pull"):
+        pairs.append((op, f"{op}, pages kept", "time with the page budget / pages kept"))
     for top, bottom, what in pairs:
         a, b = results.get(top), results.get(bottom)
         if a and b:
@@ -569,8 +567,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--baseline",
         action="store_true",
-        help="also run verify and fsck with the spill bound lifted (all in memory), verify "
-        "with every page read kept mapped, and the reads of resume and verify by py-lmdb alone",
+        help="also run verify and fsck with the spill bound lifted (all in memory), verify, "
+        "push and pull with every page read kept mapped, and the reads of resume and verify by "
+        "py-lmdb alone",
     )
     parser.add_argument(
         "--repeat",
@@ -612,6 +611,7 @@ def main(argv: Sequence[str]) -> int:
                 results[f"{op}, raw reads"] = []
             if args.baseline and op == "verify":
                 results[f"{op}, raw reads, pages dropped"] = []
+            if args.baseline and op in ("verify", "push", "pull"):
                 results[f"{op}, pages kept"] = []
     with tempfile.TemporaryDirectory(prefix="medomni-scale-", dir="/tmp") as d:
         tmp = Path(d)

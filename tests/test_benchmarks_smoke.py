@@ -56,13 +56,16 @@ def test_scale_benchmark_quick_prints_a_table() -> None:
 
 
 def test_scale_benchmark_baselines_read_what_the_operations_read() -> None:
-    """``--baseline``: verify and fsck in memory, verify with every page kept mapped, and
-    the reads of resume and verify by py-lmdb alone (the child checks it read as many keys,
-    all found, as the parent listed)."""
+    """``--baseline``: verify and fsck in memory, verify and push with every page kept
+    mapped, and the reads of resume and verify by py-lmdb alone (the child checks it read as
+    many keys, all found, as the parent listed)."""
     rows = quick_rows(
-        "scale", "--baseline", "--only", "resume", "--only", "verify", "--only", "fsck"
+        "scale",
+        "--baseline",
+        *("--only", "resume", "--only", "verify", "--only", "fsck", "--only", "push"),
     )
     for name in (
+        "push, pages kept",
         "resume, raw reads",
         "verify, in memory",
         "verify, raw reads",
