@@ -209,10 +209,6 @@ def _run_once(
     return got
 
 
-def _m(got: dict[str, Any], work: int) -> Measure:
-    return Measure(work, got["seconds"], got["maxrss_kib"] / 1024, got["anon_kib"] / 1024)
-
-
 def _expect(op: str, got: dict[str, Any], **want: int) -> None:
     for k, v in want.items():
         if got.get(k) != v:
