@@ -9,7 +9,9 @@ collector (two full collections over 136,000 objects), resuming 5,000 spent 4%. 
 objects such a read builds hold no cycles (bytes, tuples, dicts of them), so nothing is
 left for the collector to free: pausing it loses nothing, and the collector runs again at
 its next threshold after the pause, as usual (the same remedy as Mercurial's
-``util.nogc`` for the same cost).
+``util.nogc`` for the same cost). Resume, a push or pull's transfer and the checking walk
+(verify, fsck, gc's mark) run paused: a push of 1.44M objects spent 6.7% of its time
+collecting, one of 90k 5.5%.
 
 The pause is process-wide (the collector is). The call that turned the collector off
 turns it back on when it returns, even while another thread's pause still runs (that one

@@ -103,12 +103,13 @@ class Run:
         self._fd = os.open(path, os.O_RDONLY)
 
     @classmethod
-    def write(cls, path: Path, records: list[bytes], width: int = ID_SIZE) -> Run:
-        """A run of ``records`` (sorted, each ``width`` bytes) written at ``path``."""
+    def write(cls, path: Path, records: list[bytes] | bytes, width: int = ID_SIZE) -> Run:
+        """A run of ``records`` (sorted, each ``width`` bytes, or such records end to end)
+        written at ``path``."""
+        data = records if isinstance(records, bytes) else b"".join(records)
         with open(path, "wb") as f:
-            f.write(b"".join(records))
-        starts = [bisect_left(records, bytes([b])) for b in range(256)]
-        return cls(path, [*starts, len(records)], width)
+            f.write(data)
+        return cls(path, byte_starts(data, width), width)
 
     @classmethod
     def merged(cls, path: Path, older: Run, newer: Run) -> Run:
@@ -199,6 +200,25 @@ def split(data: bytes, width: int = ID_SIZE) -> list[bytes]:
     if cut:
         raise OSError(f"a spill file read {len(data)} bytes, not whole {width}-byte records")
     return list(struct.unpack(f"{width}s" * n, data)) if n else []
+
+
+def sorted_ids(ids: list[bytes]) -> bytes:
+    """``ids`` (32 bytes each) sorted, end to end: numpy's sort of them as S32, about a
+    third of the time of Python's sort of the list (each comparison a call), and one
+    buffer to write instead of a list to join."""
+    if set(map(len, ids)) - {ID_SIZE}:
+        raise ValueError("a spilled set or level holds 32-byte ids only")
+    return np.sort(np.frombuffer(b"".join(ids), IDS)).tobytes()
+
+
+def byte_starts(data: bytes, width: int = ID_SIZE) -> list[int]:
+    """Where each first byte's records start in the sorted records ``data`` (each
+    ``width`` bytes), and their number at the end: 257 indexes."""
+    n, cut = divmod(len(data), width)
+    if cut:
+        raise ValueError(f"{len(data)} bytes are not whole {width}-byte records")
+    first = np.frombuffer(data, np.uint8)[::width]
+    return [*np.searchsorted(first, np.arange(256, dtype=np.uint8)).tolist(), n]
 
 
 def _records(data: bytes, width: int) -> npt.NDArray[np.void]:
@@ -354,15 +374,12 @@ class MarkSet:
         is no larger than the newer."""
         if self._dir is None:
             self._dir = scratch("marks")
-        self._runs.append(self._run(sorted(self._mem)))
+        self._runs.append(Run.write(self._path(), sorted_ids(list(self._mem))))
         self._n += len(self._mem)
         self._mem = set()
         while len(self._runs) >= 2 and self._runs[-2].n <= self._runs[-1].n:
             newer, older = self._runs.pop(), self._runs.pop()
             self._runs.append(self._merged(older, newer))
-
-    def _run(self, ids: list[bytes]) -> Run:
-        return Run.write(self._path(), ids)
 
     def _merged(self, a: Run, b: Run) -> Run:
         return Run.merged(self._path(), a, b)
@@ -427,14 +444,15 @@ class IdList:
             self._dir = scratch("level")
             self._file = open(self._dir / "ids", "w+b")  # noqa: SIM115 (closed by close)
             self._runs = [[] for _ in range(256)]
-        self._mem.sort()
+        data = sorted_ids(self._mem)
+        starts = byte_starts(data)
         f = self._file
-        f.seek(0, os.SEEK_END)
-        for byte, part in _byte_parts(self._mem):  # each byte's run of ids
-            if set(map(len, part)) != {ID_SIZE}:
-                raise ValueError("a spilled level holds 32-byte ids only")
-            self._runs[byte].append((f.tell(), len(part)))
-            f.write(b"".join(part))
+        base = f.seek(0, os.SEEK_END)
+        f.write(data)
+        for byte in range(256):  # each byte's run of ids
+            lo, hi = starts[byte], starts[byte + 1]
+            if hi > lo:
+                self._runs[byte].append((base + lo * ID_SIZE, hi - lo))
         self._mem = []
 
     def batches(self, size: int) -> Iterator[list[bytes]]:
@@ -470,14 +488,16 @@ class IdList:
             self._flush()
         f = self._file
         assert f is not None
+        fd = f.fileno()
+        f.flush()
         for byte, runs in enumerate(self._runs):
             if runs:
-                ids: list[bytes] = []
-                for offset, count in runs:
-                    f.seek(offset)
-                    ids += split(f.read(count * ID_SIZE))
-                ids.sort()  # sorted runs end to end: a merge, for Python's sort
-                yield byte, ids
+                data = b"".join(os.pread(fd, count * ID_SIZE, offset) for offset, count in runs)
+                if len(data) != sum(count for _, count in runs) * ID_SIZE:
+                    raise OSError(f"a spilled level's file gave {len(data)} bytes of byte {byte}")
+                if len(runs) > 1:  # sorted runs end to end, sorted together
+                    data = np.sort(np.frombuffer(data, IDS)).tobytes()
+                yield byte, split(data)
 
     def as_list(self) -> list[bytes] | None:
         """The ids in walk order as the list held, when it is not spilled."""

@@ -78,6 +78,7 @@ from typing import Literal, NamedTuple, cast
 import blake3
 import msgspec
 
+from medomni_cas._gcpause import gc_paused
 from medomni_cas.errors import ConflictError, IntegrityError, InvalidObject, NotFound
 from medomni_cas.store import encoding
 from medomni_cas.store._crash import crash_point
@@ -227,6 +228,7 @@ class _Sender:
         self.write_items = min(WRITE_ITEMS, dst.backend.write_batch_items or WRITE_ITEMS)
         self._list_bound = max(1, spill_bound() // 8)
 
+    @gc_paused  # a plan's records and levels, kept to the end (`medomni_cas._gcpause`)
     def run(self, roots: Iterable[bytes]) -> None:
         with SendPlan() as plan:
             levels = self._plan(plan, list(dict.fromkeys(roots)))

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 import msgspec
 
+from medomni_cas._gcpause import gc_paused
 from medomni_cas.errors import InvalidObject
 from medomni_cas.store import encoding
 from medomni_cas.store._fast import (
@@ -243,6 +244,7 @@ class _Walk:
         else:
             level.extend(self.seen.unseen(ids))
 
+    @gc_paused  # what the walk met and its levels, kept to the end (`medomni_cas._gcpause`)
     def walk(self, roots: Iterable[bytes]) -> list[bytes]:
         """Check the closures of ``roots`` as one walk, breadth first, each level in
         batches (a store's 100,000 slot refs are otherwise 100,000 small walks); return
