@@ -13,21 +13,24 @@ Each operation runs at 1x, 4x and 16x the work, in a fresh process of its own
 * push / pull: the result's ref and its closure, ``lmdb://`` to a fresh ``lmdb://``;
 * gc: `gc` (``grace=0``) of the same store, a tenth of its objects unreachable (swept).
 
-Reported per operation: seconds and peak RSS at each size; the slope of time against work
-on log-log (1.0 is linear; the target is <= 1.05, i.e. 16x the work in <= 1.15 x 16x the
-time), and peak RSS at 16x over peak RSS at 1x (target <= 2x for fsck, gc, verify and
-push). Peak RSS is the child's ``VmHWM`` (anonymous and mapped pages: LMDB's map
+Reported per operation: seconds (the fastest run's) and peak RSS at each size; the slope of
+time against work on log-log (1.0 is linear; the target is <= 1.05, i.e. 16x the work in
+<= 1.15 x 16x the time), the median of each round's (`rounds`), and the slope of the
+fastest runs beside it; and peak RSS at 16x over peak RSS at 1x (target <= 2x for fsck,
+gc, verify and push). Peak RSS is the child's ``VmHWM`` (anonymous and mapped pages: LMDB's map
 counts where its pages were read); "anon" is the peak of its anonymous pages alone
 (``RssAnon``, sampled every 10 ms from outside), what the process itself holds.
 
 ``--only OP`` (repeatable) runs some operations; ``--factors 1,4,16`` other sizes;
 ``--size F`` makes 1x a fraction F of the full run's (a loaded machine);
-``--repeat N`` times each operation N times at each size and keeps the fastest (and the
-largest peak RSS): on a shared machine one run of a second at 1x may take half as long
-again as the next, which moves a slope by more than the target's margin. Every size's
-stores are built first, then the runs go in N rounds, each round every operation at each
-size in turn: the machine's speed drifts over minutes, and a slope compares sizes, so each
-size's fastest is taken over the same span of time. Before each run the store's files are
+``--repeat N`` runs N rounds (and keeps the largest peak RSS): on a shared machine one run
+of a second at 1x may take half as long again as the next, which moves a slope by more
+than the target's margin. Every size's stores are built first; in each round every
+operation runs at its sizes there and back (1x, 4x, 16x, 4x, 1x), so that the speed's
+drift over the minutes of a round weighs on the small sizes as on the large one, and the
+round's slope compares like with like; the slope reported is the median of the rounds'.
+The fastest runs' slope is printed beside it: it compares a run of a second's best spell
+with a run of a minute's, which cannot have one as short. Before each run the store's files are
 read once, untimed (a machine that pages out what sat idle, as this one does, would
 otherwise make a run's first reads disk reads);
 ``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
@@ -52,6 +55,7 @@ import platform
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,9 +107,10 @@ QUICK_FACTORS = "1,2"
 @dataclass
 class Measure:
     work: int
-    seconds: float
+    seconds: float  # the fastest run's
     maxrss: float  # MiB
     anon: float  # MiB, sampled
+    rounds: list[float] = field(default_factory=list)  # each round's seconds (`rounds`)
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -140,11 +145,16 @@ class Trial:
         """The fastest run's seconds and the largest peaks (RSS and anonymous) of them all:
         the fastest of a few is the figure a shared machine's noise disturbs least (it only
         ever adds time)."""
+        by_round: dict[int, list[float]] = {}
+        for r in self.runs:
+            by_round.setdefault(r.get("round", 0), []).append(r["seconds"])
         return Measure(
             self.work,
             min(r["seconds"] for r in self.runs),
             max(r["maxrss_kib"] for r in self.runs) / 1024,
             max(r["anon_kib"] for r in self.runs) / 1024,
+            # a round's runs of one size (there and back): their geometric mean
+            [math.exp(statistics.fmean(map(math.log, t))) for _, t in sorted(by_round.items())],
         )
 
 
@@ -159,26 +169,33 @@ def _warm(folder: Path) -> None:
 
 
 def rounds(trials: list[Trial], tmp: Path, repeat: int) -> None:
-    """Run every trial once per round, ``repeat`` rounds; a row's sizes one after the other.
+    """Run ``repeat`` rounds; in each, every row's sizes there and back (1x, 4x, 16x, 4x,
+    1x), one row after the other.
 
     Rounds, not a trial's runs back to back: this machine's speed drifts by more than the
     slope's margin over minutes (a push of 360k objects took 15.6-19.7 s, then 12.7-14.8 s
-    a few minutes later), and a row's slope compares its sizes, so each size's fastest run
-    is taken across the whole span of the measurement, not from the minutes when that
-    size happened to run."""
+    a few minutes later), and a row's slope compares its sizes. There and back: the
+    smaller sizes run just before and just after the largest, so a drift in the speed over
+    the round weighs on both sides of the comparison (each size's runs of the round are
+    averaged, geometrically), and each round gives a slope of its own (`render`)."""
+    rows: dict[str, list[Trial]] = {}
+    for t in trials:
+        rows.setdefault(t.row, []).append(t)
     for r in range(repeat):
         if repeat > 1:
             print(f"  round {r + 1} of {repeat}", flush=True)
-        for t in trials:
-            if t.before is not None:
-                t.before()
-            for folder in t.warm:
-                _warm(folder)
-            got = _run_once(t.op, t.spec, tmp, t.env, label=f"{t.row} {t.f}x")
-            if t.after is not None:
-                t.after()
-            _expect(t.row, got, **t.want)
-            t.runs.append(got)
+        for row in rows.values():
+            for t in [*row, *row[-2::-1]]:
+                if t.before is not None:
+                    t.before()
+                for folder in t.warm:
+                    _warm(folder)
+                got = _run_once(t.op, t.spec, tmp, t.env, label=f"{t.row} {t.f}x")
+                if t.after is not None:
+                    t.after()
+                _expect(t.row, got, **t.want)
+                got["round"] = r
+                t.runs.append(got)
 
 
 def _run_once(
@@ -456,10 +473,11 @@ def build_trials(tmp: Path, data: Path, sizes: Sizes, f: int) -> list[Trial]:
 
 
 # -- the table ----------------------------------------------------------------------------------
-def slope(points: list[Measure]) -> float:
-    """Least squares slope of log(seconds) against log(work)."""
+def slope(points: list[Measure], seconds: Sequence[float] | None = None) -> float:
+    """Least squares slope of log(seconds) against log(work): the fastest runs', or the
+    ``seconds`` given (one round's)."""
     xs = [math.log(p.work) for p in points]
-    ys = [math.log(max(p.seconds, 1e-6)) for p in points]
+    ys = [math.log(max(t, 1e-6)) for t in (seconds or [p.seconds for p in points])]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
@@ -488,20 +506,31 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
     head = [
         "benchmark",
         "work " + " / ".join(f"{f}x" for f in factors),
-        "seconds",
+        "seconds (fastest)",
         "peak RSS MiB",
         "anon MiB",
         "slope",
         f"t({factors[-1]}x) / linear",
+        "fastest: slope",
         f"RSS {factors[-1]}x/{factors[0]}x",
         "result",
     ]
     body = []
+    spread = []
     for op, points in results.items():
         base = op.split(",")[0]
-        s = slope(points)
         first, last = points[0], points[-1]
-        linear = last.seconds / (first.seconds * last.work / first.work)
+        # each round's slope, and the median of them: the fastest runs of each size came
+        # from different minutes, and a run of a second catches a fast spell more often
+        # than one of a minute can (the same push at 1x: 2.68-4.34 s in one run of this)
+        each = [
+            (slope(points, ts), ts[-1] / (ts[0] * last.work / first.work))
+            for ts in zip(*(p.rounds for p in points), strict=True)
+        ]
+        s = statistics.median(e[0] for e in each)
+        linear = statistics.median(e[1] for e in each)
+        if len(each) > 1:
+            spread.append(f"{op}: each round's slope " + " / ".join(f"{e[0]:.2f}" for e in each))
         rss = last.maxrss / first.maxrss
         bounded = op in BOUNDED  # a baseline row (", in memory") has no target
         ok = s <= MAX_SLOPE and (not bounded or rss <= MAX_RSS_RATIO)
@@ -514,6 +543,7 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
                 " / ".join(f"{p.anon:.0f}" for p in points),
                 f"{s:.2f}",
                 f"{linear:.2f}x",
+                f"{slope(points):.2f}",
                 f"{rss:.2f}x" + ("" if bounded else " (no target)"),
                 ("PASS" if ok else "MISS") if "," not in op else "",
             ]
@@ -541,7 +571,7 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
         if a and b:
             ratios = " / ".join(f"{p.seconds / q.seconds:.2f}x" for p, q in zip(a, b, strict=True))
             notes.append(f"{top.split(',')[0]}: {what}, at each size: {ratios}")
-    return "\n".join([table, *notes])
+    return "\n".join([table, *spread, *notes])
 
 
 # -- driver -------------------------------------------------------------------------------------
@@ -571,7 +601,8 @@ def main(argv: Sequence[str]) -> int:
         "--repeat",
         type=int,
         default=1,
-        help="time each operation this many times, keep the fastest (a shared machine)",
+        help="run this many rounds, each every size there and back; the slope is the rounds' "
+        "median (a shared machine)",
     )
     parser.add_argument("--child", nargs=2, metavar=("OP", "SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

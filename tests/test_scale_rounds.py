@@ -1,0 +1,52 @@
+"""How `benchmarks_perf.scale` turns its rounds into a slope: each size's runs of a round
+averaged (there and back), each round's slope, and the median of them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks_perf.scale import Measure, Trial, render, slope
+
+WORK = (1_000, 4_000, 16_000)
+
+
+def _row(rounds: list[tuple[float, float, float]]) -> list[Measure]:
+    return [
+        Measure(w, min(r[i] for r in rounds), 100.0, 50.0, [r[i] for r in rounds])
+        for i, w in enumerate(WORK)
+    ]
+
+
+def _cells(table: str, op: str) -> list[str]:
+    line = next(x for x in table.splitlines() if x.startswith(f"| {op} ("))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_a_fast_spell_at_1x_in_one_round_does_not_make_the_slope() -> None:
+    """A 1x run that caught a fast spell (half the time, once) makes the fastest runs'
+    slope 1.25; each round's slope is 1.0 but that one's, and their median passes."""
+    points = _row([(1.0, 4.0, 16.0), (0.5, 4.0, 16.0), (1.0, 4.0, 16.0)])
+    assert slope(points) == pytest.approx(1.25)
+    cells = _cells(render({"verify": points}, [1, 4, 16]), "verify")
+    assert cells[5:8] == ["1.00", "1.00x", "1.25"]  # slope, t(16x) / linear, fastest: slope
+    assert cells[-1] == "PASS"
+
+
+def test_a_row_that_grows_too_fast_in_most_rounds_misses() -> None:
+    points = _row([(1.0, 4.4, 20.0), (1.0, 4.0, 16.0), (0.9, 4.4, 19.0)])
+    cells = _cells(render({"push": points}, [1, 4, 16]), "push")
+    assert float(cells[5]) > 1.05 and cells[-1] == "MISS"
+    assert "push: each round's slope" in render({"push": points}, [1, 4, 16])
+
+
+def test_a_rounds_runs_of_one_size_are_averaged_geometrically() -> None:
+    t = Trial("gc", 1, "gc", {}, 10, {})
+    t.runs = [
+        {"seconds": s, "maxrss_kib": 1024, "anon_kib": 512, "round": r}
+        for s, r in [(1.0, 0), (4.0, 0), (3.0, 1), (3.0, 1)]
+    ]
+    m = t.measure()
+    assert m.seconds == 1.0 and m.rounds == [pytest.approx(2.0), pytest.approx(3.0)]
+    assert math.isclose(m.maxrss, 1.0) and math.isclose(m.anon, 0.5)
