@@ -11,7 +11,7 @@ left for the collector to free: pausing it loses nothing, and the collector runs
 its next threshold after the pause, as usual (the same remedy as Mercurial's
 ``util.nogc`` for the same cost). Resume, a push or pull's transfer and the checking walk
 (verify, fsck, gc's mark) run paused: a push of 1.44M objects spent 6.7% of its time
-collecting, one of 90k 5.5%.
+collecting, one of 90k 5.6% (`perf record` samples).
 
 The pause is process-wide (the collector is). The call that turned the collector off
 turns it back on when it returns, even while another thread's pause still runs (that one
