@@ -232,8 +232,7 @@ def test_a_spool_cut_short_on_disk_is_an_error_not_short_objects() -> None:
         _settled(plan)
         plan.hold([(k, b"%d" % i * 20) for i, k in enumerate(ids)], 0)
         assert plan._spool is not None and plan._dir is not None
-        plan._spool.flush()
-        plan._spool.truncate(plan._end - 5)
+        os.ftruncate(plan._spool, plan._end - 5)
         with pytest.raises(OSError, match="spool gave"):
             _selected(plan, ids, 0)
 
@@ -256,7 +255,7 @@ def test_objects_a_small_gap_apart_in_the_spool_are_read_with_one_pread(
         plan.meet(ids[::2], 1, deepen=True)  # every other one moves a level down
         _settled(plan)
         assert plan._spool is not None
-        spool = plan._spool.fileno()
+        spool = plan._spool
         preads: list[int] = []
         pread = os.pread
 
@@ -271,3 +270,55 @@ def test_objects_a_small_gap_apart_in_the_spool_are_read_with_one_pread(
         assert len(preads) == reads, preads
         preads.clear()
         assert dict(_selected(plan, ids, 1)) == {k: datas[k] for k in ids[::2]}
+        assert len(preads) == reads, preads
+
+
+def _spooled_plan(datas: dict[bytes, bytes]) -> SendPlan:
+    plan = SendPlan(bound=8, held_bytes=50)
+    plan.meet(list(datas), 0, deepen=False)
+    _settled(plan)
+    plan.hold(list(datas.items()), 0)
+    assert plan._spool is not None
+    return plan
+
+
+def test_a_span_of_neighbours_is_cut_at_the_read_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neighbours in the spool are read at most `_READ_SPAN` bytes a pread (one object past
+    it alone), and each is given whole."""
+    monkeypatch.setattr(_sendplan, "_READ_SPAN", 100)
+    ids = sorted(k for k in _ids(40_000) if k[0] == 7)[:20]
+    datas = {k: bytes([i]) * (30 if i != 5 else 250) for i, k in enumerate(ids)}
+    with _spooled_plan(datas) as plan:
+        spool = plan._spool
+        preads: list[int] = []
+        pread = os.pread
+
+        def counted(fd: int, n: int, offset: int) -> bytes:
+            if fd == spool:
+                preads.append(n)
+            return pread(fd, n, offset)
+
+        monkeypatch.setattr(os, "pread", counted)
+        assert dict(_selected(plan, ids, 0)) == datas
+    # 0-2 and 3-4 (90 and 60 bytes), 5 alone (250), then three at a time (90)
+    assert preads == [90, 60, 250, 90, 90, 90, 90, 60], preads
+
+
+def test_a_spool_write_cut_short_writes_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gathered write that a signal cuts short is finished, not left with a hole that
+    would be read back as an object's bytes."""
+    pwritev = os.pwritev
+    cut: list[int] = []
+
+    def short(fd: int, buffers: list[bytes], offset: int) -> int:
+        if not cut:  # the first call writes half of its first buffer only
+            cut.append(len(buffers[0]) // 2)
+            return os.pwrite(fd, buffers[0][: cut[0]], offset)
+        return pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", short)
+    monkeypatch.setattr(_sendplan, "_IOV", 7)  # several calls for the objects
+    ids = _ids(40)
+    datas = {k: b"%d" % i * 20 for i, k in enumerate(ids)}
+    with _spooled_plan(datas) as plan:
+        assert cut and dict(_selected(plan, ids, 0)) == datas

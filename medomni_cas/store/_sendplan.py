@@ -32,10 +32,9 @@ import shutil
 import struct
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from itertools import accumulate, filterfalse
+from itertools import accumulate, filterfalse, pairwise
 from operator import itemgetter
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -58,6 +57,7 @@ _READ_SPAN = 8 << 20  # bytes of neighbouring objects in the spool read with one
 #: apart once others moved deeper (at 1.44M objects, 405k of 1.6M gaps were under a page
 #: and 412k preads read 1.6M objects, 3.4 us each)
 _GAP = 4096
+_IOV = 1024  # buffers a pwritev gathers (Linux's IOV_MAX)
 
 _Fields = tuple[int, int, int]  # depth, offset, length
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
@@ -82,7 +82,7 @@ class SendPlan:
         self._nbytes = 0
         self._dir: Path | None = None
         self._made = 0  # runs written (their file names)
-        self._spool: BinaryIO | None = None
+        self._spool: int | None = None  # its descriptor
         self._end = 0  # the spool's length
         pending = max(1, bound // 8)
         self._plain = IdList(bound=pending)  # met at the depth settled next
@@ -176,13 +176,14 @@ class SendPlan:
     def _spooled(self, items: list[tuple[bytes, bytes]], depths: list[int]) -> None:
         """Append the bytes of ``items`` to the spool, and their records (at ``depths``)."""
         if self._spool is None:
-            self._spool = open(self._folder() / "spool", "w+b")  # noqa: SIM115 (close)
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
+            self._spool = os.open(self._folder() / "spool", flags, 0o600)
         start = self._end
-        self._spool.seek(start)
-        # through the file's buffer, not joined first: what is held is not held twice
+        # gathered by the kernel from the objects' own buffers (what is held is not held
+        # twice): a file object's writes cut them into 8 KiB, three times the cost
         datas = list(map(_SECOND, items))
-        self._spool.writelines(datas)
         lengths = list(map(len, datas))
+        _write_all(self._spool, datas, start)
         offsets = accumulate(lengths, initial=start)
         self._recent.update(
             # offsets ends with the end of the last: one more than the others
@@ -234,40 +235,45 @@ class SendPlan:
     def _bytes(self, picked: list[tuple[bytes, _Fields]]) -> list[bytes]:
         """The bytes of each record of ``picked``: neighbours in the spool in one read."""
         out = [b""] * len(picked)
-        spooled = []  # (offset, length, index) of those in the spool
         held = self._held
+        at, offsets, lengths = [], [], []  # of those in the spool
         for j, (key, (_, offset, length)) in enumerate(picked):
             if offset == _MEM:
                 out[j] = held[key]
             elif length:
-                spooled.append((offset, length, j))
-        if not spooled:
+                at.append(j)
+                offsets.append(offset)
+                lengths.append(length)
+        if not at:
             return out
         assert self._spool is not None
-        self._spool.flush()
-        fd = self._spool.fileno()
-        spooled.sort()
-        i, n = 0, len(spooled)
-        while i < n:
-            # a span of objects that lie near each other in the spool (a level's, held
-            # together, with what went deeper since between them), read with one pread
-            start, length, _ = spooled[i]
-            end, k = start + length, i + 1
-            while k < n:
-                offset, length, _ = spooled[k]
-                if offset - end > _GAP or offset + length - start > _READ_SPAN:
-                    break
-                end = max(end, offset + length)
-                k += 1
-            blob = os.pread(fd, end - start, start)
-            if len(blob) != end - start:
-                raise OSError(f"the send plan's spool gave {len(blob)} of {end - start} bytes")
-            if k == i + 1:
-                out[spooled[i][2]] = blob
-            else:
-                for offset, length, j in spooled[i:k]:
-                    out[j] = blob[offset - start : offset - start + length]
-            i = k
+        # in the spool's order; spans of those that lie near each other (a level's, held
+        # together, with what went deeper since between them) start where a gap is wider
+        # than `_GAP`, and are cut to at most `_READ_SPAN`: one pread each. An object is
+        # spooled once, so none overlap.
+        where = np.array(offsets, dtype=np.int64)
+        order = np.argsort(where, kind="stable")
+        starts = where[order]
+        ends = starts + np.array(lengths, dtype=np.int64)[order]
+        gaps = np.flatnonzero(starts[1:] - ends[:-1] > _GAP) + 1
+        bounds = [0, *gaps.tolist(), len(order)]
+        js = np.array(at)[order].tolist()
+        firsts, lasts = starts.tolist(), ends.tolist()
+        for lo, hi in pairwise(bounds):
+            while lo < hi:
+                first = firsts[lo]
+                k = hi
+                if lasts[hi - 1] - first > _READ_SPAN:
+                    # up to the last that ends within the span (one at least, however large)
+                    k = int(np.searchsorted(ends[lo:hi], first + _READ_SPAN, "right"))
+                    k = lo + max(k, 1)
+                size = lasts[k - 1] - first
+                blob = os.pread(self._spool, size, first)
+                if len(blob) != size:
+                    raise OSError(f"the send plan's spool gave {len(blob)} of {size} bytes")
+                for j, a, b in zip(js[lo:k], firsts[lo:k], lasts[lo:k], strict=True):
+                    out[j] = blob[a - first : b - first]  # the whole blob itself, uncopied
+                lo = k
         return out
 
     # -- spilling --------------------------------------------------------------------------
@@ -305,7 +311,7 @@ class SendPlan:
             run.close()
         self._runs = []
         if self._spool is not None:
-            self._spool.close()
+            os.close(self._spool)
             self._spool = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -325,3 +331,19 @@ def _by_byte(a: IdList, b: IdList) -> Iterator[tuple[int, list[bytes], list[byte
         if here_b:
             nb = next(ib, None)
         yield byte, here_a, here_b
+
+
+def _write_all(fd: int, datas: list[bytes], offset: int) -> None:
+    """Write ``datas`` end to end at ``offset`` of ``fd``, `_IOV` buffers a call."""
+    for i in range(0, len(datas), _IOV):
+        chunk = datas[i : i + _IOV]
+        size = sum(map(len, chunk))
+        done = os.pwritev(fd, chunk, offset)
+        if done < size:  # cut short (a signal, a disk nearly full): the rest as one buffer
+            rest = memoryview(b"".join(chunk))[done:]
+            while rest:
+                n = os.pwrite(fd, rest, offset + done)
+                if not n:
+                    raise OSError(f"the send plan's spool took 0 of {len(rest)} bytes")
+                rest, done = rest[n:], done + n
+        offset += size
