@@ -204,13 +204,18 @@ def test_killed_pull_and_push_keep_closure(
 ) -> None:
     src = source[0]
     pulled, pushed = f"lmdb://{tmp_path}/pulled", f"file://{tmp_path}/pushed"
-    env = {CRASH_ENV: f"write:{at}"}
+    scratch = tmp_path / "tmp"  # where their plans spill (a tiny bound)
+    scratch.mkdir()
+    env = {CRASH_ENV: f"write:{at}", "MEDOMNI_SPILL_IDS": "64", "TMPDIR": str(scratch)}
     proc = _medomni("cas", "pull", src, "--store", pulled, env=env)
     proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL
     proc = _medomni("cas", "push", pushed, "--store", src, env=env)
     proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL
+    assert any(scratch.glob("medomni-plan-*")), "the plans did not spill"
+    left = [p for p in scratch.rglob("*") if not p.is_dir()]
+    assert left == [], "a killed transfer left its spilled plan in TMPDIR"
     for dst in (pulled, pushed):
         assert unclosed(dst) == []
     pull(pulled, src)

@@ -173,6 +173,8 @@ def test_gc_killed_mid_sweep_with_a_spilled_mark_loses_nothing_reachable(tmp_pat
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == -9, "gc was not killed at its second delete batch"
     assert any(scratch.iterdir()), "the mark did not spill: the test proved less than it says"
+    left = [p for p in scratch.rglob("*") if not p.is_dir()]
+    assert left == [], "a killed gc left its spilled files in TMPDIR"
     with mc.open(f"lmdb://{tmp_path / 'store'}") as store:
         left = set(map(bytes, store.iter_ids()))
         assert kept <= left, "a killed gc deleted something reachable"
@@ -304,7 +306,7 @@ def test_a_run_cut_short_on_disk_is_an_error_not_fewer_ids(tmp_path: Path) -> No
         assert marks.spilled
         run = marks._runs[0]
         byte = next(b for b in range(256) if run.starts[b + 1] > run.starts[b])
-        os.truncate(run.path, run.starts[byte] * run.width + 10)
+        os.ftruncate(run._fd, run.starts[byte] * run.width + 10)
         with pytest.raises(OSError, match="not whole 32-byte records"):
             run.ids(byte)
         with pytest.raises(OSError, match="not whole"):
@@ -319,12 +321,8 @@ def test_a_run_finds_and_merges_ids_that_end_in_zero_bytes(tmp_path: Path) -> No
         {bytes([5] * 30 + [0, 0]), bytes([5] * 30 + [0, 1]), bytes([5] * 31 + [0]), bytes(32)}
         | {bytes([5] * 29 + [i, 0, 0]) for i in range(40)}
     )
-    older = Run.write(
-        tmp_path / "older", [k + b"old-" + bytes([i]) * 12 for i, k in enumerate(ids[::2])], 48
-    )
-    newer = Run.write(
-        tmp_path / "newer", [k + b"new-" + bytes([i]) * 12 for i, k in enumerate(ids[:20])], 48
-    )
+    older = Run.write(tmp_path, [k + b"old-" + bytes([i]) * 12 for i, k in enumerate(ids[::2])], 48)
+    newer = Run.write(tmp_path, [k + b"new-" + bytes([i]) * 12 for i, k in enumerate(ids[:20])], 48)
     asked = [bytes([5] * 31 + [0]), bytes([5] * 30 + [0, 0]), bytes([5] * 30 + [0, 2])]
     fives = [k for k in ids if k[0] == 5]
     for run in (older, newer):
@@ -332,7 +330,7 @@ def test_a_run_finds_and_merges_ids_that_end_in_zero_bytes(tmp_path: Path) -> No
         assert run.found(5, asked) == {k: v for k, v in every.items() if k in asked}
     # a byte far larger than what is asked: a binary search of reads per key
     many = sorted({*ids, *(bytes([5] * 28) + i.to_bytes(4, "big") for i in range(3000))})
-    large = Run.write(tmp_path / "large", [k + bytes(16) for k in many], 48)
+    large = Run.write(tmp_path, [k + bytes(16) for k in many], 48)
     try:
         assert set(large.found(5, asked[:1])) == {asked[0]}
         assert large.present(5, asked[2:]) == set()
@@ -340,7 +338,7 @@ def test_a_run_finds_and_merges_ids_that_end_in_zero_bytes(tmp_path: Path) -> No
     finally:
         large.close()
     assert set(newer.found(5, asked)) == {k for k in asked if k in ids[:20]}
-    merged = Run.merged(tmp_path / "merged", older, newer)
+    merged = Run.merged(tmp_path, older, newer)
     try:
         got = merged.found(5, fives)
         assert set(got) == (set(ids[::2]) | set(ids[:20])) - {bytes(32)}

@@ -23,7 +23,6 @@ directly (``read``), so an object put during the pass still has its links follow
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from itertools import batched
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from medomni_cas.store._fast import BatchChecker, Findings
-from medomni_cas.store._spill import IDS, MarkSet, positions, spill_bound, split
+from medomni_cas.store._spill import IDS, MarkSet, positions, spill_bound, split, unnamed
 from medomni_cas.store.ids import ID_SIZE
 from medomni_cas.store.verify import CORRUPT, MALFORMED
 
@@ -79,10 +78,8 @@ class Listing:
     read a first byte at a time once `done`)."""
 
     def __init__(self, folder: Path) -> None:
-        self._folder = folder
         self._out: dict[str, BinaryIO] = {
-            name: open(folder / name, "wb")  # noqa: SIM115 (closed by done or close)
-            for name in ("keys", "stamps", "offsets", "links")
+            name: unnamed(folder) for name in ("keys", "stamps", "offsets", "links")
         }
         self._fds: dict[str, int] = {}
         self.n = 0  # objects listed
@@ -133,12 +130,11 @@ class Listing:
         self._last = keys[-1]
 
     def done(self) -> None:
-        """Close the files for writing and open them for reading."""
+        """The files written: read from now on (with ``pread``, past their buffers)."""
         self._out["offsets"].write(np.asarray([self.links], "<i8").tobytes())
         for name, f in self._out.items():
-            f.close()
-            self._fds[name] = os.open(self._folder / name, os.O_RDONLY)
-        self._out = {}
+            f.flush()
+            self._fds[name] = f.fileno()
         self.starts = [0, *np.cumsum(self._per_byte).tolist()]
 
     def keys(self, lo: int, hi: int) -> Ids:
@@ -168,8 +164,6 @@ class Listing:
     def close(self) -> None:
         for f in self._out.values():
             f.close()
-        for fd in self._fds.values():
-            os.close(fd)
         self._out, self._fds = {}, {}
 
 
@@ -208,7 +202,7 @@ class ByteRuns:
 
     def _flush(self) -> None:
         if self._file is None:
-            self._file = tempfile.TemporaryFile(dir=self._folder)  # noqa: SIM115 (closed by close)
+            self._file = unnamed(self._folder)
         rows, starts = self._grouped()
         f = self._file
         base = f.seek(0, os.SEEK_END)

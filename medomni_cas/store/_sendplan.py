@@ -13,7 +13,8 @@ met (its depth, and where its bytes are when they are held).
 * Beyond them, the newest records are that dict (up to the bound) and older ones sorted
   runs of 48-byte records on disk (`medomni_cas.store._spill.Run`: newest run wins,
   merged two by two as they come), and the bytes a spool file; both read with ``pread``,
-  never mapped, in a temporary directory removed when the plan is closed.
+  never mapped, files without names (`medomni_cas.store._spill.unnamed`: gone with the
+  process, however it ends) in a temporary folder removed when the plan is closed.
 
 A walk meets a whole level's links before it asks what they were (`meet`, then
 `settle`), so that a spilled plan answers in one pass over each first byte's records per
@@ -35,10 +36,19 @@ from collections.abc import Iterable, Iterator
 from itertools import accumulate, filterfalse, pairwise
 from operator import itemgetter
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-from medomni_cas.store._spill import IDS, IdList, Run, by_first_byte, scratch, spill_bound
+from medomni_cas.store._spill import (
+    IDS,
+    IdList,
+    Run,
+    by_first_byte,
+    scratch,
+    spill_bound,
+    unnamed,
+)
 
 __all__ = ["HELD_BYTES", "SendPlan"]
 
@@ -81,7 +91,7 @@ class SendPlan:
         self._held: dict[bytes, bytes] = {}
         self._nbytes = 0
         self._dir: Path | None = None
-        self._made = 0  # runs written (their file names)
+        self._spool_file: BinaryIO | None = None
         self._spool: int | None = None  # its descriptor
         self._end = 0  # the spool's length
         pending = max(1, bound // 8)
@@ -176,8 +186,8 @@ class SendPlan:
     def _spooled(self, items: list[tuple[bytes, bytes]], depths: list[int]) -> None:
         """Append the bytes of ``items`` to the spool, and their records (at ``depths``)."""
         if self._spool is None:
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
-            self._spool = os.open(self._folder() / "spool", flags, 0o600)
+            self._spool_file = unnamed(self._folder())
+            self._spool = self._spool_file.fileno()
         start = self._end
         # gathered by the kernel from the objects' own buffers (what is held is not held
         # twice): a file object's writes cut them into 8 KiB, three times the cost
@@ -294,14 +304,10 @@ class SendPlan:
         table = np.frombuffer(packed, _KIND)
         records = table[np.argsort(table["id"])].tobytes()
         del packed, table
-        self._runs.append(Run.write(self._path(), records, _RECORD.size))
+        self._runs.append(Run.write(self._folder(), records, _RECORD.size))
         while len(self._runs) >= 2 and self._runs[-2].n <= self._runs[-1].n:
             newer, older = self._runs.pop(), self._runs.pop()
-            self._runs.append(Run.merged(self._path(), older, newer))
-
-    def _path(self) -> Path:
-        self._made += 1
-        return self._folder() / f"run-{self._made}"
+            self._runs.append(Run.merged(self._folder(), older, newer))
 
     def close(self) -> None:
         self._recent, self._held = {}, {}
@@ -310,9 +316,9 @@ class SendPlan:
         for run in self._runs:
             run.close()
         self._runs = []
-        if self._spool is not None:
-            os.close(self._spool)
-            self._spool = None
+        if self._spool_file is not None:
+            self._spool_file.close()
+            self._spool_file, self._spool = None, None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None

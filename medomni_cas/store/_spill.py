@@ -86,8 +86,15 @@ def spill_bound() -> int:
 
 
 def scratch(prefix: str) -> Path:
-    """A fresh temporary folder under TMPDIR (the caller's to remove)."""
+    """A fresh temporary folder under TMPDIR (the caller's to remove), for `unnamed` files."""
     return Path(tempfile.mkdtemp(prefix=f"medomni-{prefix}-"))
+
+
+def unnamed(folder: Path) -> BinaryIO:
+    """A new file in ``folder`` with no name (read and written through its descriptor):
+    gone with the process however it ends. A killed push of 1.44M objects left its spool
+    and runs, over 500 MiB, in TMPDIR for good; now it leaves an empty folder."""
+    return tempfile.TemporaryFile(dir=folder)
 
 
 class Run:
@@ -95,30 +102,36 @@ class Run:
     a run of ids), with where each first byte's records start: read with ``pread`` (the
     page cache's, never mapped into the process). An id is in a run at most once."""
 
-    def __init__(self, path: Path, starts: list[int], width: int = ID_SIZE) -> None:
-        self.path = path
+    def __init__(self, file: BinaryIO, starts: list[int], width: int = ID_SIZE) -> None:
+        self._file = file  # an `unnamed` one, its bytes written
         self.starts = starts  # the index of the first record of each first byte, and the end
         self.width = width
         self.n = starts[-1]
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd = file.fileno()
 
     @classmethod
-    def write(cls, path: Path, records: list[bytes] | bytes, width: int = ID_SIZE) -> Run:
+    def write(cls, folder: Path, records: list[bytes] | bytes, width: int = ID_SIZE) -> Run:
         """A run of ``records`` (sorted, each ``width`` bytes, or such records end to end)
-        written at ``path``."""
+        written to a file in ``folder``."""
         data = records if isinstance(records, bytes) else b"".join(records)
-        with open(path, "wb") as f:
+        f = unnamed(folder)
+        try:
             f.write(data)
-        return cls(path, byte_starts(data, width), width)
+            f.flush()
+        except BaseException:
+            f.close()
+            raise
+        return cls(f, byte_starts(data, width), width)
 
     @classmethod
-    def merged(cls, path: Path, older: Run, newer: Run) -> Run:
-        """One run of the records of both, written at ``path`` (where both hold an id,
-        ``newer``'s record), a byte at a time: only one byte's records of each are held.
-        Both are closed."""
+    def merged(cls, folder: Path, older: Run, newer: Run) -> Run:
+        """One run of the records of both, written to a file in ``folder`` (where both hold
+        an id, ``newer``'s record), a byte at a time: only one byte's records of each are
+        held. Both are closed."""
         width = newer.width
         starts, n = [], 0
-        with open(path, "wb") as f:
+        f = unnamed(folder)
+        try:
             for byte in range(256):
                 starts.append(n)
                 a, b = older.raw(byte), newer.raw(byte)
@@ -135,9 +148,13 @@ class Run:
                     merged = both.tobytes()
                 f.write(merged)
                 n += len(merged) // width
+            f.flush()
+        except BaseException:
+            f.close()
+            raise
         older.close()
         newer.close()
-        return cls(path, [*starts, n], width)
+        return cls(f, [*starts, n], width)
 
     def ids(self, byte: int) -> list[bytes]:
         """The records of this first byte, sorted (for a run of ids, its ids)."""
@@ -188,8 +205,7 @@ class Run:
         return None
 
     def close(self) -> None:
-        os.close(self._fd)
-        self.path.unlink(missing_ok=True)
+        self._file.close()
 
 
 def split(data: bytes, width: int = ID_SIZE) -> list[bytes]:
@@ -284,7 +300,6 @@ class MarkSet:
         self._dir: Path | None = None
         self._runs: list[Run] = []
         self._n = 0
-        self._made = 0  # runs written (their file names)
 
     def __enter__(self) -> MarkSet:
         return self
@@ -374,7 +389,7 @@ class MarkSet:
         is no larger than the newer."""
         if self._dir is None:
             self._dir = scratch("marks")
-        self._runs.append(Run.write(self._path(), sorted_ids(list(self._mem))))
+        self._runs.append(Run.write(self._dir, sorted_ids(list(self._mem))))
         self._n += len(self._mem)
         self._mem = set()
         while len(self._runs) >= 2 and self._runs[-2].n <= self._runs[-1].n:
@@ -382,12 +397,8 @@ class MarkSet:
             self._runs.append(self._merged(older, newer))
 
     def _merged(self, a: Run, b: Run) -> Run:
-        return Run.merged(self._path(), a, b)
-
-    def _path(self) -> Path:
         assert self._dir is not None
-        self._made += 1
-        return self._dir / f"run-{self._made}"
+        return Run.merged(self._dir, a, b)
 
     def close(self) -> None:
         self._mem = set()
@@ -442,7 +453,7 @@ class IdList:
     def _flush(self) -> None:
         if self._file is None:
             self._dir = scratch("level")
-            self._file = open(self._dir / "ids", "w+b")  # noqa: SIM115 (closed by close)
+            self._file = unnamed(self._dir)
             self._runs = [[] for _ in range(256)]
         data = sorted_ids(self._mem)
         starts = byte_starts(data)

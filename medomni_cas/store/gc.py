@@ -182,7 +182,7 @@ def _by_pass(
     def read(ids: list[bytes]) -> Findings:  # an id reached that the pass did not list
         return check(ids, backend.get_list(ids), owners=True)
 
-    folder = scratch("gc")  # removed here; a killed gc leaves it in TMPDIR
+    folder = scratch("gc")  # removed here; a killed gc leaves it empty (`unnamed` files)
     try:
         parts = backend.iter_stamped_parts(HELD_BYTES, BATCH)
         with (
