@@ -42,6 +42,12 @@ page read stays mapped, `medomni_cas.store._mapped`): what bounding their RSS co
 ratio below (resume keeps its pages: it has no RSS target); "raw reads, pages dropped" are
 verify's raw reads under the same budget as verify: the medium's cost under that bound.
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
+
+Below the table, each row's most major page faults in one run at each size: pages read
+from the disk during the run, which a store's warm read had put in the page cache and the
+kernel took back (this machine's DAMON pages out what sits idle). They cost a larger
+store's run more, and are the machine's doing, not the code's: a slope with many of them at
+16x and few at 1x is steeper than the code's growth.
 """
 
 from __future__ import annotations
@@ -111,6 +117,7 @@ class Measure:
     maxrss: float  # MiB
     anon: float  # MiB, sampled
     rounds: list[float] = field(default_factory=list)  # each round's seconds (`rounds`)
+    majflt: int = 0  # the most major page faults of a run (pages read from the disk)
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -155,6 +162,7 @@ class Trial:
             max(r["anon_kib"] for r in self.runs) / 1024,
             # a round's runs of one size (there and back): their geometric mean
             [math.exp(statistics.fmean(map(math.log, t))) for _, t in sorted(by_round.items())],
+            max(r.get("majflt", 0) for r in self.runs),
         )
 
 
@@ -516,7 +524,8 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
         "result",
     ]
     body = []
-    spread = []
+    spread: list[str] = []
+    faults: list[str] = []
     for op, points in results.items():
         base = op.split(",")[0]
         first, last = points[0], points[-1]
@@ -531,6 +540,8 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
         linear = statistics.median(e[1] for e in each)
         if len(each) > 1:
             spread.append(f"{op}: each round's slope " + " / ".join(f"{e[0]:.2f}" for e in each))
+        if any(p.majflt for p in points):
+            faults.append(f"{op}: " + " / ".join(f"{p.majflt:,}" for p in points))
         rss = last.maxrss / first.maxrss
         bounded = op in BOUNDED  # a baseline row (", in memory") has no target
         ok = s <= MAX_SLOPE and (not bounded or rss <= MAX_RSS_RATIO)
@@ -571,7 +582,9 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
         if a and b:
             ratios = " / ".join(f"{p.seconds / q.seconds:.2f}x" for p, q in zip(a, b, strict=True))
             notes.append(f"{top.split(',')[0]}: {what}, at each size: {ratios}")
-    return "\n".join([table, *spread, *notes])
+    if faults:  # a page the kernel took back from the cache, read again: not the code's cost
+        faults.insert(0, "major page faults, the most in one run, at each size:")
+    return "\n".join([table, *spread, *faults, *notes])
 
 
 # -- driver -------------------------------------------------------------------------------------

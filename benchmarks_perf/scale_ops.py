@@ -212,13 +212,17 @@ def run_child(op: str, spec_path: str) -> int:
         for name in spec["modules"]:  # the kinds the stores hold
             importlib.import_module(name)
     call = RAW(spec) if op == "raw" else OPS[op](spec)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     t = time.perf_counter()
     did = call()
     seconds = time.perf_counter() - t
+    # pages read from the disk: a page the kernel took back from the page cache during the
+    # run (DAMON's pageout here) is read again, and costs a larger store's run more
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
     # VmHWM, not ru_maxrss: on Linux ru_maxrss keeps the parent's RSS at the fork (the
     # high-water mark of the memory image that exec replaced)
     status = Path("/proc/self/status").read_text()
     found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
     maxrss_kib = int(found[1]) if found else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": seconds, "maxrss_kib": maxrss_kib, **did}))
+    print(json.dumps({"seconds": seconds, "maxrss_kib": maxrss_kib, "majflt": faults, **did}))
     return 0

@@ -50,3 +50,21 @@ def test_a_rounds_runs_of_one_size_are_averaged_geometrically() -> None:
     m = t.measure()
     assert m.seconds == 1.0 and m.rounds == [pytest.approx(2.0), pytest.approx(3.0)]
     assert math.isclose(m.maxrss, 1.0) and math.isclose(m.anon, 0.5)
+
+
+def test_the_most_major_faults_of_a_size_are_printed_under_the_table() -> None:
+    """Pages the kernel took back from the cache and a run read again from the disk cost a
+    large store's run more than the code does: each size's most, printed per row."""
+    trials = []
+    for f, faults in ((1, [0, 3]), (4, [7, 2]), (16, [1_593, 40])):
+        t = Trial("push", f, "push", {}, 10 * f, {})
+        t.runs = [
+            {"seconds": f * 1.0, "maxrss_kib": 1024, "anon_kib": 512, "round": 0, "majflt": n}
+            for n in faults
+        ]
+        trials.append(t.measure())
+    assert [m.majflt for m in trials] == [3, 7, 1_593]
+    text = render({"push": trials}, [1, 4, 16])
+    assert "major page faults, the most in one run, at each size:\npush: 3 / 7 / 1,593" in text
+    quiet = render({"push": _row([(1.0, 4.0, 16.0)])}, [1, 4, 16])
+    assert "major page faults" not in quiet
