@@ -237,6 +237,22 @@ def test_a_spool_cut_short_on_disk_is_an_error_not_short_objects() -> None:
             _selected(plan, ids, 0)
 
 
+def _spool_reads(monkeypatch: pytest.MonkeyPatch, plan: SendPlan) -> list[int]:
+    """The sizes of the preads of ``plan``'s spool from now on, among all."""
+    spool = plan._spool
+    assert spool is not None
+    preads: list[int] = []
+    pread = os.pread
+
+    def counted(fd: int, n: int, offset: int) -> bytes:
+        if fd == spool:
+            preads.append(n)
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", counted)
+    return preads
+
+
 @pytest.mark.parametrize(("gap", "reads"), [(4096, 1), (10, 50)])
 def test_objects_a_small_gap_apart_in_the_spool_are_read_with_one_pread(
     monkeypatch: pytest.MonkeyPatch, gap: int, reads: int
@@ -254,17 +270,7 @@ def test_objects_a_small_gap_apart_in_the_spool_are_read_with_one_pread(
         plan.hold(list(datas.items()), 0)
         plan.meet(ids[::2], 1, deepen=True)  # every other one moves a level down
         _settled(plan)
-        assert plan._spool is not None
-        spool = plan._spool
-        preads: list[int] = []
-        pread = os.pread
-
-        def counted(fd: int, n: int, offset: int) -> bytes:
-            if fd == spool:
-                preads.append(n)
-            return pread(fd, n, offset)
-
-        monkeypatch.setattr(os, "pread", counted)  # the spool's reads, among all
+        preads = _spool_reads(monkeypatch, plan)
         kept = ids[1::2]
         assert dict(_selected(plan, ids, 0)) == {k: datas[k] for k in kept}
         assert len(preads) == reads, preads
@@ -289,16 +295,7 @@ def test_a_span_of_neighbours_is_cut_at_the_read_span(monkeypatch: pytest.Monkey
     ids = sorted(k for k in _ids(40_000) if k[0] == 7)[:20]
     datas = {k: bytes([i]) * (30 if i != 5 else 250) for i, k in enumerate(ids)}
     with _spooled_plan(datas) as plan:
-        spool = plan._spool
-        preads: list[int] = []
-        pread = os.pread
-
-        def counted(fd: int, n: int, offset: int) -> bytes:
-            if fd == spool:
-                preads.append(n)
-            return pread(fd, n, offset)
-
-        monkeypatch.setattr(os, "pread", counted)
+        preads = _spool_reads(monkeypatch, plan)
         assert dict(_selected(plan, ids, 0)) == datas
     # 0-2 and 3-4 (90 and 60 bytes), 5 alone (250), then three at a time (90)
     assert preads == [90, 60, 250, 90, 90, 90, 90, 60], preads
