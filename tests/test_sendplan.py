@@ -232,15 +232,15 @@ def test_a_spool_cut_short_on_disk_is_an_error_not_short_objects() -> None:
         _settled(plan)
         plan.hold([(k, b"%d" % i * 20) for i, k in enumerate(ids)], 0)
         assert plan._spool is not None and plan._dir is not None
-        os.ftruncate(plan._spool, plan._end - 5)
+        os.ftruncate(plan._spool.fileno(), plan._end - 5)
         with pytest.raises(OSError, match="spool gave"):
             _selected(plan, ids, 0)
 
 
 def _spool_reads(monkeypatch: pytest.MonkeyPatch, plan: SendPlan) -> list[int]:
     """The sizes of the preads of ``plan``'s spool from now on, among all."""
-    spool = plan._spool
-    assert spool is not None
+    assert plan._spool is not None
+    spool = plan._spool.fileno()
     preads: list[int] = []
     pread = os.pread
 

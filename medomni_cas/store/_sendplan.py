@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from itertools import accumulate, filterfalse, pairwise
 from operator import itemgetter
@@ -91,8 +91,7 @@ class SendPlan:
         self._held: dict[bytes, bytes] = {}
         self._nbytes = 0
         self._dir: Path | None = None
-        self._spool_file: BinaryIO | None = None
-        self._spool: int | None = None  # its descriptor
+        self._spool: BinaryIO | None = None  # written and read by its descriptor
         self._end = 0  # the spool's length
         pending = max(1, bound // 8)
         self._plain = IdList(bound=pending)  # met at the depth settled next
@@ -186,14 +185,13 @@ class SendPlan:
     def _spooled(self, items: list[tuple[bytes, bytes]], depths: list[int]) -> None:
         """Append the bytes of ``items`` to the spool, and their records (at ``depths``)."""
         if self._spool is None:
-            self._spool_file = unnamed(self._folder())
-            self._spool = self._spool_file.fileno()
+            self._spool = unnamed(self._folder())
         start = self._end
         # gathered by the kernel from the objects' own buffers (what is held is not held
         # twice): a file object's writes cut them into 8 KiB, three times the cost
         datas = list(map(_SECOND, items))
         lengths = list(map(len, datas))
-        _write_all(self._spool, datas, start)
+        _write_all(self._spool.fileno(), datas, start)
         offsets = accumulate(lengths, initial=start)
         self._recent.update(
             # offsets ends with the end of the last: one more than the others
@@ -257,6 +255,7 @@ class SendPlan:
         if not at:
             return out
         assert self._spool is not None
+        fd = self._spool.fileno()
         # in the spool's order; spans of those that lie near each other (a level's, held
         # together, with what went deeper since between them) start where a gap is wider
         # than `_GAP`, and are cut to at most `_READ_SPAN`: one pread each. An object is
@@ -272,13 +271,10 @@ class SendPlan:
         for lo, hi in pairwise(bounds):
             while lo < hi:
                 first = firsts[lo]
-                k = hi
-                if lasts[hi - 1] - first > _READ_SPAN:
-                    # up to the last that ends within the span (one at least, however large)
-                    k = int(np.searchsorted(ends[lo:hi], first + _READ_SPAN, "right"))
-                    k = lo + max(k, 1)
+                # up to the last that ends within the span (one at least, however large)
+                k = max(bisect_right(lasts, first + _READ_SPAN, lo, hi), lo + 1)
                 size = lasts[k - 1] - first
-                blob = os.pread(self._spool, size, first)
+                blob = os.pread(fd, size, first)
                 if len(blob) != size:
                     raise OSError(f"the send plan's spool gave {len(blob)} of {size} bytes")
                 for j, a, b in zip(js[lo:k], firsts[lo:k], lasts[lo:k], strict=True):
@@ -316,9 +312,9 @@ class SendPlan:
         for run in self._runs:
             run.close()
         self._runs = []
-        if self._spool_file is not None:
-            self._spool_file.close()
-            self._spool_file, self._spool = None, None
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
