@@ -30,9 +30,12 @@ operation runs at its sizes there and back (1x, 4x, 16x, 4x, 1x), so that the sp
 drift over the minutes of a round weighs on the small sizes as on the large one, and the
 round's slope compares like with like; the slope reported is the median of the rounds'.
 The fastest runs' slope is printed beside it: it compares a run of a second's best spell
-with a run of a minute's, which cannot have one as short. Before each run the store's files are
-read once, untimed (a machine that pages out what sat idle, as this one does, would
-otherwise make a run's first reads disk reads);
+with a run of a minute's, which cannot have one as short. For the length of each run the
+parent holds the store's files in the page cache, mapped and locked (`benchmarks_perf._resident`):
+a machine that pages out what sits idle, as this one does, would otherwise take back, during
+a run of a minute, pages a warm read brought in, and the run would read them again from the
+disk (about 2 ms a page here), a cost of the machine's that falls on the large sizes; where
+locking is refused the files are read once before the run instead, and the report says so;
 ``--baseline`` also runs verify and fsck with the spill bound lifted (every set and level
 of the walk in memory, `medomni_cas.store._spill`), the time ratio printed below the table,
 as "raw reads", the reads resume and verify make (the same keys in the same order,
@@ -44,10 +47,11 @@ verify's raw reads under the same budget as verify: the medium's cost under that
 ``--quick`` (the tests): tiny stores at 1x and 2x, to show that every operation runs.
 
 Below the table, each row's most major page faults in one run at each size: pages read
-from the disk during the run, which a store's warm read had put in the page cache and the
-kernel took back (this machine's DAMON pages out what sits idle). They cost a larger
-store's run more, and are the machine's doing, not the code's: a slope with many of them at
-16x and few at 1x is steeper than the code's growth.
+from the disk during the run (with the store's files locked, the ones a run writes and
+reads back: a push's spool, a fresh destination). They cost a larger store's run more, and
+are the machine's doing, not the code's: a slope with many of them at 16x and few at 1x is
+steeper than the code's growth. Then the slope of each row's time on the CPU (user and
+system, the rounds' median, as the slope's): the wall time less what the run waited for.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 import medomni_cas as mc
+from benchmarks_perf._resident import Resident
 from benchmarks_perf.scale_ops import OPS, run_child
 from medomni_cas.store.backends.lmdb import LMDBBackend
 
@@ -118,6 +123,8 @@ class Measure:
     anon: float  # MiB, sampled
     rounds: list[float] = field(default_factory=list)  # each round's seconds (`rounds`)
     majflt: int = 0  # the most major page faults of a run (pages read from the disk)
+    cpu: list[float] = field(default_factory=list)  # each round's CPU seconds (user + system)
+    unlocked: str | None = None  # why a run's files were not locked in memory (None: all were)
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -133,8 +140,9 @@ class Trial:
     """One operation (a row of the table) at one size: the child's ``op`` on ``spec``, with
     ``env``; ``want`` what it must report; ``before`` and ``after`` what readies the work
     before each run and puts back after it what the run changed (a fresh destination; the
-    litter gc swept, which the other operations count); ``warm`` the folders read before each
-    run, untimed (the store's pages in the page cache, wherever the last round left them)."""
+    litter gc swept, which the other operations count); ``warm`` the folders held in the page
+    cache for the length of each run (`Resident`: the store's pages, wherever the last round
+    left them)."""
 
     row: str
     f: int
@@ -152,28 +160,25 @@ class Trial:
         """The fastest run's seconds and the largest peaks (RSS and anonymous) of them all:
         the fastest of a few is the figure a shared machine's noise disturbs least (it only
         ever adds time)."""
-        by_round: dict[int, list[float]] = {}
-        for r in self.runs:
-            by_round.setdefault(r.get("round", 0), []).append(r["seconds"])
+
+        def each_round(key: str) -> list[float]:
+            # a round's runs of one size (there and back): their geometric mean
+            by_round: dict[int, list[float]] = {}
+            for r in self.runs:
+                by_round.setdefault(r.get("round", 0), []).append(max(r.get(key, 0.0), 1e-6))
+            means = (statistics.fmean(map(math.log, t)) for _, t in sorted(by_round.items()))
+            return [math.exp(m) for m in means]
+
         return Measure(
             self.work,
             min(r["seconds"] for r in self.runs),
             max(r["maxrss_kib"] for r in self.runs) / 1024,
             max(r["anon_kib"] for r in self.runs) / 1024,
-            # a round's runs of one size (there and back): their geometric mean
-            [math.exp(statistics.fmean(map(math.log, t))) for _, t in sorted(by_round.items())],
+            each_round("seconds"),
             max(r.get("majflt", 0) for r in self.runs),
+            each_round("cpu") if all("cpu" in r for r in self.runs) else [],
+            next((r["unlocked"] for r in self.runs if r.get("unlocked")), None),
         )
-
-
-def _warm(folder: Path) -> None:
-    """Read every file under ``folder`` once: into the page cache, where a machine that
-    pages out what sat idle for a while (DAMON here) may have taken it from."""
-    for path in sorted(folder.rglob("*")) if folder.is_dir() else [folder]:
-        if path.is_file():
-            with path.open("rb", buffering=0) as fh:
-                while fh.read(1 << 20):
-                    pass
 
 
 def rounds(trials: list[Trial], tmp: Path, repeat: int) -> None:
@@ -196,9 +201,9 @@ def rounds(trials: list[Trial], tmp: Path, repeat: int) -> None:
             for t in [*row, *row[-2::-1]]:
                 if t.before is not None:
                     t.before()
-                for folder in t.warm:
-                    _warm(folder)
-                got = _run_once(t.op, t.spec, tmp, t.env, label=f"{t.row} {t.f}x")
+                with Resident(t.warm) as held:
+                    got = _run_once(t.op, t.spec, tmp, t.env, label=f"{t.row} {t.f}x")
+                got["unlocked"] = held.why
                 if t.after is not None:
                     t.after()
                 _expect(t.row, got, **t.want)
@@ -526,6 +531,8 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
     body = []
     spread: list[str] = []
     faults: list[str] = []
+    cpu: list[str] = []
+    unlocked: list[str] = []
     for op, points in results.items():
         base = op.split(",")[0]
         first, last = points[0], points[-1]
@@ -542,6 +549,10 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
             spread.append(f"{op}: each round's slope " + " / ".join(f"{e[0]:.2f}" for e in each))
         if any(p.majflt for p in points):
             faults.append(f"{op}: " + " / ".join(f"{p.majflt:,}" for p in points))
+        if all(p.cpu for p in points):
+            cpus = [slope(points, ts) for ts in zip(*(p.cpu for p in points), strict=True)]
+            cpu.append(f"{op} {statistics.median(cpus):.2f}")
+        unlocked += [f"{op} {p.work:,}: {p.unlocked}" for p in points if p.unlocked]
         rss = last.maxrss / first.maxrss
         bounded = op in BOUNDED  # a baseline row (", in memory") has no target
         ok = s <= MAX_SLOPE and (not bounded or rss <= MAX_RSS_RATIO)
@@ -584,7 +595,11 @@ def render(results: dict[str, list[Measure]], factors: Sequence[int]) -> str:
             notes.append(f"{top.split(',')[0]}: {what}, at each size: {ratios}")
     if faults:  # a page the kernel took back from the cache, read again: not the code's cost
         faults.insert(0, "major page faults, the most in one run, at each size:")
-    return "\n".join([table, *spread, *faults, *notes])
+    if cpu:
+        cpu = ["slope of the time on the CPU (user + system, rounds' median): " + ", ".join(cpu)]
+    if unlocked:  # the store's pages could be taken back during these runs
+        unlocked.insert(0, "files not locked in memory during a run (read before it instead):")
+    return "\n".join([table, *spread, *faults, *cpu, *unlocked, *notes])
 
 
 # -- driver -------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 ``python -m benchmarks_perf scale --child OP SPEC`` runs one operation on stores the
 parent made (`SPEC`, a JSON file, says where they are and what to check) and prints one
 JSON line: the operation's seconds (opening the store and reading the spec not counted),
-its peak RSS (``VmHWM``: the process's high-water mark, anonymous and mapped pages)
-and what it did (objects, rows, slots), which the parent checks against what it built.
+its time on the CPU (user and system), its major page faults, its peak RSS (``VmHWM``:
+the process's high-water mark, anonymous and mapped pages) and what it did (objects, rows,
+slots), which the parent checks against what it built.
 
 A process of its own per operation so that one operation's memory does not hide another's
 (a high-water mark only grows), and so that nothing is warm but the page cache.
@@ -212,17 +213,25 @@ def run_child(op: str, spec_path: str) -> int:
         for name in spec["modules"]:  # the kinds the stores hold
             importlib.import_module(name)
     call = RAW(spec) if op == "raw" else OPS[op](spec)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    before = resource.getrusage(resource.RUSAGE_SELF)
     t = time.perf_counter()
     did = call()
     seconds = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_SELF)
     # pages read from the disk: a page the kernel took back from the page cache during the
     # run (DAMON's pageout here) is read again, and costs a larger store's run more
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
+    faults = after.ru_majflt - before.ru_majflt
+    # the time on the CPU: the wall time less what the run waited for (the disk, the
+    # scheduler)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     # VmHWM, not ru_maxrss: on Linux ru_maxrss keeps the parent's RSS at the fork (the
     # high-water mark of the memory image that exec replaced)
     status = Path("/proc/self/status").read_text()
     found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
     maxrss_kib = int(found[1]) if found else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": seconds, "maxrss_kib": maxrss_kib, "majflt": faults, **did}))
+    print(
+        json.dumps(
+            {"seconds": seconds, "cpu": cpu, "maxrss_kib": maxrss_kib, "majflt": faults, **did}
+        )
+    )
     return 0

@@ -68,3 +68,37 @@ def test_the_most_major_faults_of_a_size_are_printed_under_the_table() -> None:
     assert "major page faults, the most in one run, at each size:\npush: 3 / 7 / 1,593" in text
     quiet = render({"push": _row([(1.0, 4.0, 16.0)])}, [1, 4, 16])
     assert "major page faults" not in quiet
+
+
+def _trials(cpu: list[float], unlocked: str | None = None) -> list[Measure]:
+    out = []
+    for f, c in zip((1, 4, 16), cpu, strict=True):
+        t = Trial("verify", f, "verify", {}, 1_000 * f, {})
+        t.runs = [
+            {"seconds": f * 1.3, "cpu": c, "maxrss_kib": 1024, "anon_kib": 512, "round": 0},
+            {
+                "seconds": f * 1.3,
+                "cpu": c,
+                "maxrss_kib": 1024,
+                "anon_kib": 512,
+                "round": 0,
+                "unlocked": unlocked if f == 16 else None,
+            },
+        ]
+        out.append(t.measure())
+    return out
+
+
+def test_the_slope_of_the_time_on_the_cpu_is_printed_under_the_table() -> None:
+    """The wall time's slope is 1.0; the CPU's (16 x 1.1 the 1x's at 16x) 1.03: what the
+    run waited for and what it computed, told apart."""
+    text = render({"verify": _trials([1.0, 4.0, 17.6])}, [1, 4, 16])
+    assert _cells(text, "verify")[5] == "1.00"
+    assert "slope of the time on the CPU (user + system, rounds' median): verify 1.03" in text
+    assert "not locked" not in text
+
+
+def test_runs_whose_files_were_not_locked_are_named_with_the_reason() -> None:
+    text = render({"verify": _trials([1.0, 4.0, 16.0], "mlock x: refused")}, [1, 4, 16])
+    assert "files not locked in memory during a run (read before it instead):" in text
+    assert "verify 16,000: mlock x: refused" in text
